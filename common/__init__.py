@@ -1,0 +1,1 @@
+"""Shared infrastructure every phase uses; not an exercise."""

@@ -1,0 +1,1 @@
+"""Reference solutions: the complete code behind every template."""

@@ -1,0 +1,1 @@
+"""Phase 1: data parallelism on one node."""

@@ -1,0 +1,111 @@
+"""Exercise 1.1: give every rank its own, disjoint shard of the dataset.
+
+    dataset indices      0 1 2 3 4 5 6 7 8 9            (n = 10, world_size = 3)
+    shuffled (seed+epoch) 7 2 9 0 5 3 8 1 6 4 | 7 2     (padded by wrapping to 12)
+    rank 0 takes [0::3]   7     0     8     4
+    rank 1 takes [1::3]     2     5     1     7
+    rank 2 takes [2::3]       9     3     6     2
+
+Every rank computes the *same* permutation (same seed, same epoch), then keeps every
+world_size-th index starting at its rank. Semantics and output are exactly those of
+torch.utils.data.DistributedSampler, which is what you use in production.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+
+class ShardSampler(Sampler[int]):
+    """Yields the indices of this rank's shard of a dataset of `len(dataset)` items.
+
+    Invariants (for a fixed seed and epoch):
+      * every rank yields exactly `len(self)` indices (ranks stay in lock-step);
+      * shards are disjoint, except for the <= world_size-1 padding indices
+        repeated to make them equal (drop_last=False);
+      * together the shards cover the dataset (drop_last=False) or all but
+        < world_size items (drop_last=True);
+      * the order depends only on (seed, epoch), never on the rank.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        num_replicas: int,
+        rank: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        # EXERCISE 1.1: raise ValueError for num_replicas < 1, rank outside [0, num_replicas), or an empty dataset; then set num_samples (per rank) and total_size (padded or truncated)
+        if not isinstance(num_replicas, int) or num_replicas < 1:
+            raise ValueError(f"num_replicas (world size) must be an integer >= 1, got {num_replicas!r}")
+        if not isinstance(rank, int) or not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, {num_replicas - 1}] for a world of {num_replicas}, got {rank!r}")
+        if len(dataset) == 0:
+            raise ValueError("cannot shard an empty dataset: check the dataset path and split")
+        if drop_last:
+            self.num_samples = len(dataset) // num_replicas
+        else:
+            self.num_samples = math.ceil(len(dataset) / num_replicas)
+        self.total_size = self.num_samples * num_replicas
+        # END EXERCISE
+        self.dataset_len = len(dataset)
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Call at the start of every epoch, on every rank, so each epoch is shuffled differently."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self) -> Iterator[int]:
+        # EXERCISE 1.1: same permutation on every rank (torch.randperm with a generator seeded seed+epoch), pad by wrapping or truncate, then take indices[rank::num_replicas]
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            indices = torch.randperm(self.dataset_len, generator=generator).tolist()
+        else:
+            indices = list(range(self.dataset_len))
+
+        if self.drop_last:
+            indices = indices[: self.total_size]
+        else:
+            padding = self.total_size - len(indices)
+            while padding > 0:  # wrap around, repeatedly if the dataset is tiny
+                indices += indices[:padding]
+                padding = self.total_size - len(indices)
+
+        shard = indices[self.rank : self.total_size : self.num_replicas]
+        assert len(shard) == self.num_samples
+        return iter(shard)
+        # END EXERCISE
+
+
+def make_loader(
+    dataset: Dataset,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    shuffle: bool = True,
+    seed: int = 0,
+    drop_last: bool = False,
+) -> DataLoader:
+    """A DataLoader over this rank's shard: `batch_size` is per rank, not global.
+
+    Call `loader.sampler.set_epoch(epoch)` at the start of every epoch.
+    """
+    # EXERCISE 1.1: build a ShardSampler for this rank and hand it to a DataLoader (sampler=..., not shuffle=True)
+    sampler = ShardSampler(dataset, world_size, rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+    # END EXERCISE
