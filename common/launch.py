@@ -286,9 +286,7 @@ def _rank_main(rank, world_size, fn, args, kwargs, port, run_dir, deadline, env)
     finally:
         cleanup_distributed()
         faulthandler.cancel_dump_traceback_later()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # skip interpreter teardown: nothing left to flush, and it can hang
+    sys.exit(code)  # multiprocessing runs its finalizers (e.g. releases tqdm's lock), then exits
 
 
 # ------------------------------------------------------------ command lines

@@ -1,0 +1,37 @@
+"""Instructor's command: grade a learner's checkout, write the exercise table as JSON.
+
+    python tests/grade.py --checkout /path/to/learner/repo --json grades.json [pytest args]
+
+The tests, the harness and the reference come from THIS repository; only the learner's
+phase folders (phase1_data_parallel/, ...) are taken from the checkout, so a learner
+cannot change how they are graded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkout", default=str(HERE.parent), help="learner's repository (default: this one)")
+    parser.add_argument("--json", default="grades.json", help="where to write the table (default: grades.json)")
+    args, pytest_args = parser.parse_known_args(argv)
+    checkout = Path(args.checkout).resolve()
+    if not (checkout / "phase1_data_parallel").is_dir():
+        parser.error(f"{checkout} has no phase1_data_parallel/ folder: is it a checkout of this course?")
+    tests = sorted(str(p) for p in HERE.glob("test_phase*.py"))
+    code = pytest.main([*tests, "--impl", "learner", f"--learner-root={checkout}", f"--grade-json={args.json}",
+                        "-q", "--tb=line", "-p", "no:cacheprovider", *pytest_args])
+    print(f"exercise table written to {args.json}")
+    return 0 if code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) else int(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

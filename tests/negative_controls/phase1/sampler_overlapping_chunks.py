@@ -1,0 +1,17 @@
+"""Contiguous chunks of size ceil(n/p) that start at rank * (n // p): neighbours overlap."""
+import torch
+
+from solutions.phase1_data_parallel import sampler as _reference
+from solutions.phase1_data_parallel.sampler import *  # noqa: F401,F403
+
+EXERCISE = "1.1"
+CAUGHT_BY = ["test_1_1_matches_torch_distributed_sampler", "test_1_1_shards_are_equal_disjoint_and_cover"]
+
+
+class ShardSampler(_reference.ShardSampler):
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        indices = torch.randperm(self.dataset_len, generator=generator).tolist() if self.shuffle else list(range(self.dataset_len))
+        indices = (indices * self.num_replicas)[: self.dataset_len + self.num_samples]
+        start = self.rank * (self.dataset_len // self.num_replicas)
+        return iter(indices[start : start + self.num_samples])

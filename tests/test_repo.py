@@ -1,0 +1,76 @@
+"""The repository keeps its promises to a newcomer: README commands, CI, command lines."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def _quick_start_commands() -> list[str]:
+    section = README.split("## Quick start", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    return [line.strip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_ci_runs_the_readme_quick_start_word_for_word():
+    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    commands = _quick_start_commands()
+    assert len(commands) >= 4, commands
+    missing = [c for c in commands if c not in ci_lines]
+    assert not missing, f".ci/run must run the README's Quick start commands as written; missing: {missing}"
+    positions = [ci_lines.index(c) for c in commands]
+    assert positions == sorted(positions), ".ci/run must run the Quick start commands in the README's order"
+
+
+def test_readme_describes_every_top_level_folder():
+    folders = [p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith((".", "_")) and p.name not in {"build"}
+               and not p.name.endswith(".egg-info")]
+    layout = README.split("## How this repository is built", 1)[1]
+    missing = [f for f in folders if f"{f}/" not in layout]
+    assert not missing, f"README's 'How this repository is built' does not mention {missing}"
+
+
+def _run(args: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_trainer_rejects_a_bad_flag_in_one_line():
+    proc = _run([sys.executable, "-m", "solutions.phase1_data_parallel.trainer", "--epochs", "0"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "--epochs" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_trainer_reports_a_missing_dataset_in_one_line(tmp_path):
+    proc = _run([sys.executable, "-m", "solutions.phase1_data_parallel.trainer", "--dataset", "cifar10",
+                 "--data-root", str(tmp_path)])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"error: CIFAR-10 not found under {tmp_path}: expected {tmp_path / 'cifar-10-batches-py'} "
+        "(see data/README.md for how to download it)"], proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists(),
+                    reason="torchrun is not installed next to this python")
+def test_trainer_runs_under_torchrun():
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    proc = _run([torchrun, "--standalone", "--nproc_per_node=2", "-m", "solutions.phase1_data_parallel.trainer",
+                 "--epochs", "1"], timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"test accuracy \d+\.\d+% after 1 epochs on 2 ranks", proc.stdout), proc.stdout
+
+
+def test_comm_bench_prints_a_table_and_a_fit():
+    proc = _run([sys.executable, "-m", "solutions.phase1_data_parallel.comm_bench", "--nproc", "2",
+                 "--max-kib", "16", "--iters", "2"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "alpha-beta fit" in proc.stdout and "recursive_doubling" in proc.stdout, proc.stdout
