@@ -135,7 +135,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, argparse.Nam
     args = parser.parse_args(argv)
     if args.nproc < 1 or args.epochs < 1 or args.batch_size < 1 or args.lr <= 0:
         parser.error("--nproc, --epochs and --batch-size must be >= 1 and --lr > 0")
-    config = TrainConfig(args.dataset, args.data_root, args.model, args.epochs, args.batch_size, args.lr, seed=args.seed)
+    config = TrainConfig(dataset=args.dataset, data_root=args.data_root, model=args.model, epochs=args.epochs,
+                         batch_size=args.batch_size, lr=args.lr, seed=args.seed)
     return config, args
 
 

@@ -121,16 +121,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--min-kib", type=int, default=1)
     parser.add_argument("--max-kib", type=int, default=4096)
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--timeout", type=float, default=600, help="seconds before the run is declared hung")
     args = parser.parse_args(argv)
-    if args.min_kib < 1 or args.max_kib < args.min_kib:
-        parser.error("need 1 <= --min-kib <= --max-kib")
+    if args.nproc < 1 or args.iters < 1 or args.min_kib < 1 or args.max_kib < args.min_kib:
+        parser.error("need --nproc >= 1, --iters >= 1 and 1 <= --min-kib <= --max-kib")
     sizes, kib = [], args.min_kib
     while kib <= args.max_kib:
         sizes.append(kib * 1024)
         kib *= 4
     from common.launch import run_or_join
 
-    table = run_or_join(_bench_rank, args.nproc, args=(sizes, args.iters))
+    table = run_or_join(_bench_rank, args.nproc, args=(sizes, args.iters), timeout=args.timeout)
     if table is not None:
         print(table)
 
