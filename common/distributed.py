@@ -5,7 +5,7 @@ repository, whether `torchrun` or `common.launch.run_world` started it. Both des
 the world with the same environment variables (RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR, MASTER_PORT), so the code under test is the code you deploy.
 
-Backend and device are chosen, never configured by hand:
+Backend and device are chosen automatically (COURSE_BACKEND=gloo|nccl overrides):
   * NCCL on CUDA when this node has at least one GPU per local rank (NCCL refuses
     two ranks on one GPU);
   * gloo on CPU otherwise (laptops, CI, macOS, Windows).
@@ -90,7 +90,8 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
     for key, value in platform_env_defaults().items():
         os.environ.setdefault(key, value)
 
-    device = choose_device(local_rank, local_world_size)
+    backend = backend or os.environ.get("COURSE_BACKEND") or None  # tests pin gloo: their tensors are on CPU
+    device = torch.device("cpu") if backend == "gloo" else choose_device(local_rank, local_world_size)
     backend = backend or backend_for(device)
     if device.type == "cuda":
         torch.cuda.set_device(device)

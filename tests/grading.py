@@ -45,6 +45,13 @@ EXERCISES: dict[str, Exercise] = {
         Exercise("1.2", "All-reduce strategies from primitives", "phase1_data_parallel", "allreduce"),
         Exercise("1.3", "Communication overhead", "phase1_data_parallel", "comm_bench"),
         Exercise("1.4", "Synchronous data-parallel trainer", "phase1_data_parallel", "trainer"),
+        Exercise("2.1", "Gradient accumulation", "phase2_advanced", "accumulation"),
+        Exercise("2.2", "Mixed precision and loss scaling", "phase2_advanced", "mixed_precision"),
+        Exercise("2.3", "Activation checkpointing", "phase2_advanced", "checkpointing"),
+        Exercise("2.4", "ZeRO-style sharding", "phase2_advanced", "zero"),
+        Exercise("2.5", "Naive model split", "phase2_advanced", "model_split"),
+        Exercise("2.6", "Pipeline schedules", "phase2_advanced", "pipeline"),
+        Exercise("2.7", "Tensor parallelism", "phase2_advanced", "tensor_parallel"),
     ]
 }
 

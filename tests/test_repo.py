@@ -84,3 +84,15 @@ def test_allreduce_benchmark_compares_learner_reference_and_torch():
     assert "learner/gather_sum: TODO" in out, out  # the untouched templates are skipped, not fatal
     assert "reference/recursive_doubling" in out and "dist.all_reduce" in out, out
     assert re.search(r"reference/gather_sum: [\d.]+x dist.all_reduce", out), out
+
+
+@pytest.mark.parametrize("command", [
+    ["benchmarks/activation_memory.py", "--blocks", "8", "--width", "32", "--batch", "4", "--segments", "1", "2", "4",
+     "--iters", "1", "--repeats", "1"],
+    ["benchmarks/zero_memory.py", "--worlds", "2", "--width", "32", "--layers", "2"],
+    ["benchmarks/pipeline_bubble.py", "--nproc", "2", "--microbatches", "1,2", "--width", "16", "--repeats", "1"],
+], ids=["activation_memory", "zero_memory", "pipeline_bubble"])
+def test_phase2_benchmarks_run(command):
+    proc = _run([sys.executable, *command], timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip(), "a benchmark must print its table"

@@ -1,0 +1,376 @@
+"""Exercise 2.7: tensor parallelism, Megatron style.
+
+Every weight matrix of a block is split across the p ranks of the default process
+group (p = the tensor-parallel degree); every rank sees the same full batch. For one
+linear layer Y = X A  (X: (b*s, h_in), A: (h_in, h_out); nn.Linear stores W = A^T):
+
+    column-parallel  A = [A_1 | A_2 | ... | A_p]     Y_r = X A_r            no communication
+    row-parallel     A = [A_1 ; A_2 ; ... ; A_p]     Y = sum_r X_r A_r      one all-reduce
+
+Column then row needs ONE all-reduce, because GELU is element-wise and acts on the
+column shards without gathering them. Megatron's MLP block on 2 ranks:
+
+          rank 0:   X ─f─> X A_1 ─GELU─> Z_1 ─> Z_1 B_1 ─┐
+                                                        g ─> Y = Z_1 B_1 + Z_2 B_2 + b
+          rank 1:   X ─f─> X A_2 ─GELU─> Z_2 ─> Z_2 B_2 ─┘
+
+    f  CopyToTensorParallelRegion      forward: identity      backward: all-reduce
+    g  ReduceFromTensorParallelRegion  forward: all-reduce    backward: identity
+
+Attention is the same shape: heads split over ranks (the fused qkv projection is
+column-parallel, per head), attention per local head, output projection row-parallel.
+
+Cost per block (MLP or attention), per step: one all-reduce of b*s*h activations in
+forward (g) and one in backward (f); a transformer layer (attention + MLP) does 4.
+A ring all-reduce of n bytes takes about 2(p-1)/p * n / bandwidth and sits on the
+critical path (the next layer needs its result), so TP stays inside one node (NVLink).
+
+Production: torch.distributed.tensor.parallel.parallelize_module(model, tp_mesh,
+{"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}) over DTensor; Megatron-LM's
+ColumnParallelLinear / RowParallelLinear.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from common.distributed import current_device
+
+
+def _tp() -> tuple[int, int]:
+    """(rank, world size) of the tensor-parallel group: the default process group here."""
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _per_rank(n: int, world: int, what: str) -> int:
+    if n % world:
+        raise ValueError(f"{what}={n} does not split over {world} tensor-parallel ranks: use a multiple of {world}")
+    return n // world
+
+
+# ------------------------------------------------------------------ f, g and friends
+# Inside the "tensor-parallel region" each rank holds a shard; outside it every rank
+# holds the same full tensor. Each operator below is an autograd.Function whose
+# backward is the conjugate of its forward.
+
+
+class CopyToTensorParallelRegion(torch.autograd.Function):
+    """f: enter the region. Forward: identity (every rank already holds the full X).
+    Backward: all-reduce, since X feeds all p shards: dL/dX = sum_r dL_r/dX."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        # EXERCISE 2.7: identity: return x as it is
+        return x
+        # END EXERCISE
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        # EXERCISE 2.7: sum the gradient over ranks: dist.all_reduce a contiguous copy of grad, return it
+        grad = grad.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(grad)
+        return grad
+        # END EXERCISE
+
+
+class ReduceFromTensorParallelRegion(torch.autograd.Function):
+    """g: leave the region by summing partial results. Forward: all-reduce.
+    Backward: identity (each partial sum X_r A_r gets the full upstream gradient)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        # EXERCISE 2.7: dist.all_reduce a contiguous copy of x (the partial sums) and return it
+        out = x.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(out)
+        return out
+        # END EXERCISE
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        # EXERCISE 2.7: identity: return grad as it is
+        return grad
+        # END EXERCISE
+
+
+class GatherFromTensorParallelRegion(torch.autograd.Function):
+    """Leave the region by concatenating shards: forward all-gathers the last dim in rank
+    order, (..., n) -> (..., n*p); backward keeps this rank's slice of the gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        # EXERCISE 2.7: dist.all_gather into p empty_like buffers (x made contiguous), torch.cat along dim -1
+        parts = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=-1)
+        # END EXERCISE
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        # EXERCISE 2.7: this rank's slice of the last dim: grad.chunk(world, dim=-1)[rank], contiguous
+        rank, world = _tp()
+        return grad.chunk(world, dim=-1)[rank].contiguous()
+        # END EXERCISE
+
+
+class ScatterToTensorParallelRegion(torch.autograd.Function):
+    """Enter the region by slicing a full tensor: forward keeps this rank's slice of the
+    last dim, (..., n*p) -> (..., n), no communication; backward all-gathers the gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        # EXERCISE 2.7: this rank's slice of the last dim: x.chunk(world, dim=-1)[rank], contiguous
+        rank, world = _tp()
+        return x.chunk(world, dim=-1)[rank].contiguous()
+        # END EXERCISE
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        # EXERCISE 2.7: dist.all_gather the gradient slices (contiguous) and torch.cat them along dim -1
+        parts = [torch.empty_like(grad, memory_format=torch.contiguous_format) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, grad.contiguous())
+        return torch.cat(parts, dim=-1)
+        # END EXERCISE
+
+
+# ----------------------------------------------------------------- parallel linears
+
+
+class ColumnParallelLinear(nn.Module):
+    """nn.Linear(in_features, out_features) with the weight W (out, in) split along out.
+
+    Rank r holds rows [r*n, (r+1)*n) of W and of the bias, n = out_features / p.
+    Input (..., in_features), the same full tensor on every rank; it passes through f.
+    Output (..., n): this rank's columns of Y, or (..., out_features) on every rank
+    with gather_output=True (all-gather; its backward takes this rank's slice).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, gather_output: bool = False,
+                 *, device: torch.device | None = None):
+        super().__init__()
+        _, world = _tp()
+        self.in_features, self.out_features, self.gather_output = in_features, out_features, gather_output
+        self.out_per_rank = _per_rank(out_features, world, "out_features")
+        device = device or current_device()
+        self.weight = nn.Parameter(torch.empty(self.out_per_rank, in_features, device=device))
+        self.bias = nn.Parameter(torch.empty(self.out_per_rank, device=device)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """nn.Linear's initialisation of the FULL matrix, then keep this rank's shard: with the
+        same seed on every rank the shards tile one nn.Linear (Megatron's CPU initialisation)."""
+        self.copy_from_full_(nn.Linear(self.in_features, self.out_features, bias=self.bias is not None))
+
+    @classmethod
+    def from_full(cls, linear: nn.Linear, gather_output: bool = False) -> ColumnParallelLinear:
+        """This rank's shard of an unsharded nn.Linear (same weights on every rank)."""
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, gather_output,
+                    device=linear.weight.device)
+        return layer.copy_from_full_(linear)
+
+    @torch.no_grad()
+    def copy_from_full_(self, linear: nn.Linear) -> ColumnParallelLinear:
+        """Overwrite this rank's shard with rows [r*n, (r+1)*n) of linear.weight and linear.bias."""
+        # EXERCISE 2.7: copy rows r*n:(r+1)*n of linear.weight (and of linear.bias) into self.weight (self.bias); n = self.out_per_rank
+        rank, world = _tp()
+        self.weight.copy_(linear.weight.chunk(world, dim=0)[rank])
+        if self.bias is not None:
+            self.bias.copy_(linear.bias.chunk(world, dim=0)[rank])
+        # END EXERCISE
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # EXERCISE 2.7: f (CopyToTensorParallelRegion.apply) on x, F.linear with the local shard, then GatherFromTensorParallelRegion.apply if gather_output
+        y = F.linear(CopyToTensorParallelRegion.apply(x), self.weight, self.bias)
+        return GatherFromTensorParallelRegion.apply(y) if self.gather_output else y
+        # END EXERCISE
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features} ({self.out_per_rank} on this rank), "
+                f"bias={self.bias is not None}, gather_output={self.gather_output}")
+
+
+class RowParallelLinear(nn.Module):
+    """nn.Linear(in_features, out_features) with the weight W (out, in) split along in.
+
+    Rank r holds columns [r*n, (r+1)*n) of W, n = in_features / p, and the WHOLE bias
+    (replicated), added once after the all-reduce of the partial sums (g).
+    Input (..., n): this rank's slice of X (input_is_parallel=True, e.g. the output of a
+    ColumnParallelLinear), or the full (..., in_features), sliced here first.
+    Output (..., out_features), the same full tensor on every rank.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, input_is_parallel: bool = True,
+                 *, device: torch.device | None = None):
+        super().__init__()
+        _, world = _tp()
+        self.in_features, self.out_features, self.input_is_parallel = in_features, out_features, input_is_parallel
+        self.in_per_rank = _per_rank(in_features, world, "in_features")
+        device = device or current_device()
+        self.weight = nn.Parameter(torch.empty(out_features, self.in_per_rank, device=device))
+        self.bias = nn.Parameter(torch.empty(out_features, device=device)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Full nn.Linear initialisation, then keep this rank's shard (see ColumnParallelLinear)."""
+        self.copy_from_full_(nn.Linear(self.in_features, self.out_features, bias=self.bias is not None))
+
+    @classmethod
+    def from_full(cls, linear: nn.Linear, input_is_parallel: bool = True) -> RowParallelLinear:
+        """This rank's shard of an unsharded nn.Linear (same weights on every rank)."""
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, input_is_parallel,
+                    device=linear.weight.device)
+        return layer.copy_from_full_(linear)
+
+    @torch.no_grad()
+    def copy_from_full_(self, linear: nn.Linear) -> RowParallelLinear:
+        """Overwrite this rank's shard with columns [r*n, (r+1)*n) of linear.weight and the whole bias."""
+        # EXERCISE 2.7: copy columns r*n:(r+1)*n of linear.weight into self.weight (n = self.in_per_rank), and ALL of linear.bias into self.bias
+        rank, world = _tp()
+        self.weight.copy_(linear.weight.chunk(world, dim=1)[rank])
+        if self.bias is not None:
+            self.bias.copy_(linear.bias)
+        # END EXERCISE
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # EXERCISE 2.7: if not input_is_parallel, ScatterToTensorParallelRegion.apply(x); partial = F.linear(x, weight) WITHOUT bias; g (ReduceFromTensorParallelRegion.apply); then + bias
+        if not self.input_is_parallel:
+            x = ScatterToTensorParallelRegion.apply(x)
+        y = ReduceFromTensorParallelRegion.apply(F.linear(x, self.weight))
+        return y + self.bias if self.bias is not None else y
+        # END EXERCISE
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features} ({self.in_per_rank} on this rank), out_features={self.out_features}, "
+                f"bias={self.bias is not None}, input_is_parallel={self.input_is_parallel}")
+
+
+# --------------------------------------------------------------------------- MLP
+
+
+class MLP(nn.Module):
+    """Reference (unsharded) transformer MLP: fc2(GELU(fc1(x))), (..., hidden) -> (..., hidden)."""
+
+    def __init__(self, hidden: int, ffn_hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(hidden, ffn_hidden)
+        self.fc2 = nn.Linear(ffn_hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class ParallelMLP(nn.Module):
+    """MLP with fc1 column-parallel (no gather) and fc2 row-parallel (input already split):
+    one all-reduce in forward (fc2's g) and one in backward (fc1's f)."""
+
+    def __init__(self, hidden: int, ffn_hidden: int, *, device: torch.device | None = None):
+        super().__init__()
+        self.fc1 = ColumnParallelLinear(hidden, ffn_hidden, gather_output=False, device=device)
+        self.fc2 = RowParallelLinear(ffn_hidden, hidden, input_is_parallel=True, device=device)
+
+    @classmethod
+    def from_full(cls, mlp: MLP) -> ParallelMLP:
+        module = cls(mlp.fc1.in_features, mlp.fc1.out_features, device=mlp.fc1.weight.device)
+        return module.copy_from_full_(mlp)
+
+    def copy_from_full_(self, mlp: MLP) -> ParallelMLP:
+        self.fc1.copy_from_full_(mlp.fc1)
+        self.fc2.copy_from_full_(mlp.fc2)
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # EXERCISE 2.7: fc1, GELU (element-wise: fine on a column shard), fc2
+        return self.fc2(F.gelu(self.fc1(x)))
+        # END EXERCISE
+
+
+# --------------------------------------------------------------------- attention
+
+
+class SelfAttention(nn.Module):
+    """Reference (unsharded) multi-head self-attention on (batch, seq, embed_dim).
+
+    qkv = Linear(E, 3E): its output is [q | k | v], each E = H heads x D wide, head h in
+    columns h*D:(h+1)*D (so rows h*D:(h+1)*D of W_q, W_k, W_v belong to head h);
+    out = Linear(E, E) on the heads' outputs concatenated in head order.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, causal: bool = False):
+        super().__init__()
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim={embed_dim} is not a multiple of num_heads={num_heads}")
+        self.embed_dim, self.num_heads, self.causal = embed_dim, num_heads, causal
+        self.head_dim = embed_dim // num_heads
+        self.qkv = nn.Linear(embed_dim, 3 * embed_dim)
+        self.out = nn.Linear(embed_dim, embed_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, e = x.shape
+        q, k, v = self.qkv(x).split(e, dim=-1)
+        q, k, v = (t.reshape(b, s, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)  # (b, heads, s, D)
+        return self.out(y.transpose(1, 2).reshape(b, s, e))
+
+
+class ParallelSelfAttention(nn.Module):
+    """SelfAttention with its heads split over ranks: rank r owns heads [r*H/p, (r+1)*H/p).
+
+    qkv  ColumnParallelLinear(E, 3E) whose weight on rank r is, PER HEAD,
+             [W_q rows of my heads ; W_k rows of my heads ; W_v rows of my heads]   (3E/p, E)
+         (not rows r*3E/p:(r+1)*3E/p of the fused weight!) and the bias likewise, so its
+         output splits into this rank's q | k | v, each E/p = (H/p) * D wide;
+    attention per local head: no communication, heads are independent;
+    out  RowParallelLinear(E, E, input_is_parallel=True): its input is my heads' outputs.
+    One all-reduce in forward (out's g), one in backward (qkv's f).
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, causal: bool = False, *, device: torch.device | None = None):
+        super().__init__()
+        _, world = _tp()
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim={embed_dim} is not a multiple of num_heads={num_heads}")
+        self.local_heads = _per_rank(num_heads, world, "num_heads")
+        self.embed_dim, self.num_heads, self.causal = embed_dim, num_heads, causal
+        self.head_dim = embed_dim // num_heads
+        self.qkv = ColumnParallelLinear(embed_dim, 3 * embed_dim, gather_output=False, device=device)
+        self.out = RowParallelLinear(embed_dim, embed_dim, input_is_parallel=True, device=device)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """A full SelfAttention's initialisation, then keep this rank's heads."""
+        self.copy_from_full_(SelfAttention(self.embed_dim, self.num_heads, self.causal))
+
+    @classmethod
+    def from_full(cls, attn: SelfAttention) -> ParallelSelfAttention:
+        module = cls(attn.embed_dim, attn.num_heads, attn.causal, device=attn.qkv.weight.device)
+        return module.copy_from_full_(attn)
+
+    @torch.no_grad()
+    def copy_from_full_(self, attn: SelfAttention) -> ParallelSelfAttention:
+        """Copy this rank's heads: per-head rows of qkv (see the class docstring), out as a RowParallelLinear."""
+        # EXERCISE 2.7: split attn.qkv.weight (and bias) into W_q, W_k, W_v (E rows each), take chunk r of EACH, torch.cat them into self.qkv; self.out.copy_from_full_(attn.out)
+        rank, world = _tp()
+
+        def my_heads(t: torch.Tensor) -> torch.Tensor:  # (3E, ...) -> (3E/p, ...)
+            return torch.cat([part.chunk(world, dim=0)[rank] for part in t.split(self.embed_dim, dim=0)])
+
+        self.qkv.weight.copy_(my_heads(attn.qkv.weight))
+        self.qkv.bias.copy_(my_heads(attn.qkv.bias))
+        self.out.copy_from_full_(attn.out)
+        # END EXERCISE
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, seq, E) -> (batch, seq, E), the same full tensor on every rank."""
+        # EXERCISE 2.7: self.qkv(x) split into q, k, v (local_heads*head_dim each) -> (b, local_heads, s, D); F.scaled_dot_product_attention(is_causal=self.causal); back to (b, s, local_heads*D); self.out
+        b, s, _ = x.shape
+        width = self.local_heads * self.head_dim
+        q, k, v = self.qkv(x).split(width, dim=-1)
+        q, k, v = (t.reshape(b, s, self.local_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.out(y.transpose(1, 2).reshape(b, s, width))
+        # END EXERCISE
