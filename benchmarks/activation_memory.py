@@ -20,7 +20,6 @@ for _p in (REPO_ROOT / "tests", REPO_ROOT):  # run without installing
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-import argparse  # noqa: E402
 import math  # noqa: E402
 import time  # noqa: E402
 
@@ -30,6 +29,7 @@ import torch.nn as nn  # noqa: E402
 import grading  # noqa: E402
 from common.launch import exit_on_user_error  # noqa: E402
 from solutions.phase2_advanced.checkpointing import predicted_saved_bytes, saved_activation_bytes  # noqa: E402
+from _util import OneLineParser, pyplot_or_none  # noqa: E402  (benchmarks/ is sys.path[0])
 
 
 def build_blocks(n: int, width: int, device: torch.device) -> list[nn.Module]:
@@ -115,12 +115,8 @@ def report(rows: list[dict], args) -> str:
 
 
 def plot(rows: list[dict], args) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: pip install matplotlib (or pip install -e '.[plot]')")
+    plt = pyplot_or_none()
+    if plt is None:
         return
     ks = [r["segments"] for r in rows[1:]]
     fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -135,13 +131,8 @@ def plot(rows: list[dict], args) -> None:
     print(f"plot written to {args.plot}")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage block
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = _Parser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=32, help="identical blocks in the stack (default 32)")
     parser.add_argument("--width", type=int, default=256, help="features per block (default 256)")
     parser.add_argument("--batch", type=int, default=64, help="samples per step (default 64)")

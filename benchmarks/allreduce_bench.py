@@ -18,7 +18,6 @@ for _p in (REPO_ROOT / "tests", REPO_ROOT):  # run without installing; spawned r
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 
 import torch  # noqa: E402
@@ -29,6 +28,7 @@ from common.distributed import current_device  # noqa: E402
 from common.launch import exit_on_user_error, run_world  # noqa: E402
 from solutions.phase1_data_parallel.allreduce import STRATEGIES as REFERENCE  # noqa: E402
 from solutions.phase1_data_parallel.comm_bench import bandwidths, fit_alpha_beta, time_collective  # noqa: E402
+from _util import OneLineParser, pyplot_or_none  # noqa: E402  (benchmarks/ is sys.path[0])
 
 BASELINE = "dist.all_reduce"
 
@@ -126,12 +126,8 @@ def format_report(r: dict) -> str:
 
 
 def plot(r: dict, path: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: pip install matplotlib (or pip install -e '.[plot]')")
+    plt = pyplot_or_none()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, bws in r["busbw_GBps"].items():
@@ -145,13 +141,8 @@ def plot(r: dict, path: str) -> None:
     print(f"plot written to {path}")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage block
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def main(argv: list[str] | None = None, learner: grading.ModuleRef | None = None) -> None:
-    parser = _Parser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=2, help="ranks to start (default 2)")
     parser.add_argument("--min-kib", type=int, default=1, help="smallest message (default 1 KiB)")
     parser.add_argument("--max-kib", type=int, default=4096, help="largest message (default 4096 KiB)")

@@ -31,7 +31,6 @@ for _p in (REPO_ROOT / "tests", REPO_ROOT):  # run without installing; spawned r
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-import argparse  # noqa: E402
 import os  # noqa: E402
 import time  # noqa: E402
 
@@ -44,6 +43,7 @@ from common.launch import exit_on_user_error, run_world  # noqa: E402
 from solutions.phase2_advanced.model_split import PipelineStage  # noqa: E402
 from solutions.phase2_advanced.pipeline import (  # noqa: E402
     bubble_fraction, gpipe_schedule, max_in_flight, one_f_one_b_schedule, render_timeline, run_pipeline, time_grid)
+from _util import OneLineParser, pyplot_or_none  # noqa: E402  (benchmarks/ is sys.path[0])
 
 SCHEDULES = {"GPipe": gpipe_schedule, "1F1B": one_f_one_b_schedule}
 
@@ -197,12 +197,8 @@ def format_report(rows: list[dict], p: int, header: str) -> str:
 
 
 def plot(results: list[dict], m: int, path: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: pip install matplotlib (or pip install -e '.[plot]')")
+    plt = pyplot_or_none()
+    if plt is None:
         return
     fig, axes = plt.subplots(len(SCHEDULES), 1, figsize=(11, 1.5 + 0.6 * len(results) * len(SCHEDULES)), squeeze=False)
     for ax, name in zip(axes[:, 0], SCHEDULES):
@@ -222,13 +218,8 @@ def plot(results: list[dict], m: int, path: str) -> None:
     print(f"plot written to {path}")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage block
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = _Parser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=4, help="ranks = pipeline stages (default 4)")
     parser.add_argument("--microbatches", default="1,2,4,8,16", help="micro-batch counts m (default 1,2,4,8,16)")
     parser.add_argument("--microbatch-size", type=int, default=64, help="samples per micro-batch (default 64)")

@@ -23,7 +23,6 @@ for _p in (REPO_ROOT / "tests", REPO_ROOT):  # run without installing; spawned r
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 
 import torch  # noqa: E402
@@ -35,6 +34,7 @@ import grading  # noqa: E402
 from common.distributed import current_device  # noqa: E402
 from common.launch import exit_on_user_error, run_world  # noqa: E402
 from solutions.phase2_advanced.zero import layer_numels, zero_state_bytes  # noqa: E402
+from _util import OneLineParser  # noqa: E402  (benchmarks/ is sys.path[0])
 
 NAMES = {0: "DP (stage 0)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
 CLASSES = {0: "DataParallelAdam", 1: "ZeroStage1", 2: "ZeroStage2", 3: "ZeroStage3"}
@@ -152,13 +152,8 @@ def report(r: dict, args) -> str:
     return "\n".join(lines)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage block
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = _Parser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4], help="world sizes (default 1 2 4)")
     parser.add_argument("--width", type=int, default=1024, help="hidden width (default 1024: ~3.2M parameters with 4 layers)")
     parser.add_argument("--layers", type=int, default=4, help="Linear layers (default 4)")
