@@ -13,12 +13,16 @@ from pathlib import Path
 import pytest
 
 import grading
+from common.launch import WorldTimeout
 
 # The graded tests build CPU tensors inside their ranks: run them on gloo even where
 # every rank could have a GPU (the solutions themselves pick NCCL on GPUs).
 os.environ.setdefault("COURSE_BACKEND", "gloo")
 
 _outcomes: dict[str, str] = {}
+# test function -> the run of it whose world deadlocked: its other parametrizations
+# (e.g. larger world sizes) would only wait out the same deadline again.
+_deadlocked: dict[str, str] = {}
 
 
 def pytest_addoption(parser):
@@ -81,10 +85,26 @@ def grade(request):
     return ref
 
 
+def pytest_runtest_setup(item):
+    first = _deadlocked.get(item.originalname)
+    if first:
+        pytest.fail(f"not run: {first} deadlocked (see that test); fix it first", pytrace=False)
+
+
+def _deadlocked_world(exc: BaseException | None) -> bool:
+    while exc is not None:
+        if isinstance(exc, WorldTimeout):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
+    if report.when == "call" and call.excinfo and _deadlocked_world(call.excinfo.value):
+        _deadlocked.setdefault(item.originalname, item.nodeid.rsplit("::", 1)[-1])
     if report.when == "call" or (report.when == "setup" and report.failed):
         todo = grading.todo_of(call.excinfo.value) if call.excinfo else None
         if todo:
