@@ -1,0 +1,209 @@
+"""Graded tests of exercise 2.1, gradient accumulation (phase2_advanced/guidelines.md, section 2.1).
+
+Run them with `python tests/test_phase2.py -k 2_1` (your code) or
+`pytest tests/test_phase2.py -k 2_1` (the reference); tests/test_phase2.py collects them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import grading
+from compare import assert_no_problems, state_dict_problems
+from common.launch import run_world
+from common.models import build_model
+
+
+ACCUM_STEPS, ACCUM_LR = 2, 0.1
+# (local batch of rank 0, of rank 1, micro-batch size). Rank 1 always has fewer samples, so
+# the n_r weighting matters; the last micro-batch is smaller in most cases.
+ACCUM_CASES = [
+    (8, 7, 3),  # 3+3+2 | 3+3+1   neither divides
+    (8, 7, 4),  # 4+4   | 4+3     divides on rank 0 only
+    (8, 7, 2),  # 2+2+2+2 | 2+2+2+1
+    (8, 7, 8),  # one micro-batch each: a plain data-parallel step
+    (8, 4, 3),  # 3+3+2 | 3+1     different numbers of micro-batches per rank
+]
+_ACCUM_EQUAL_COUNTS = 4  # the first 4 cases give both ranks the same number of micro-batches
+
+
+def _accum_batch(n: int, step: int):
+    gen = torch.Generator().manual_seed(100 + step)
+    return torch.randn(n, 1, 8, 8, generator=gen), torch.randint(0, 10, (n,), generator=gen)
+
+
+def _accum_ground_truth(total: int):
+    """One process, one plain step per optimizer step on all `total` samples."""
+    model = build_model("mlp", (1, 8, 8), 10, seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=ACCUM_LR, momentum=0.9)
+    losses = []
+    for step in range(ACCUM_STEPS):
+        inputs, targets = _accum_batch(total, step)
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, model.state_dict()
+
+
+def _accum_rank(ref: grading.ModuleRef, cases):
+    mod = ref.load()
+    rank = dist.get_rank()
+    real_all_reduce = dist.all_reduce
+    log: list = []
+
+    def counting_all_reduce(tensor, *args, **kwargs):
+        log.append(tensor)
+        return real_all_reduce(tensor, *args, **kwargs)
+
+    # What ONE sync of the model costs (GradSync.sync is given code, not an exercise).
+    probe = build_model("mlp", (1, 8, 8), 10, seed=0)
+    F.cross_entropy(probe(torch.zeros(1, 1, 8, 8)), torch.zeros(1, dtype=torch.long)).backward()
+    dist.all_reduce = counting_all_reduce
+    try:
+        mod.GradSync(probe).sync(1)
+    finally:
+        dist.all_reduce = real_all_reduce
+    sync_cost = len(log)
+
+    out = {"sync_cost": sync_cost, "cases": []}
+    for index, (n0, n1, micro) in enumerate(cases):
+        if index >= _ACCUM_EQUAL_COUNTS and any(
+                c > 1 for case in out["cases"] for step in case["grad_reduces"] for c in step.values()):
+            # Gradients all-reduced on every micro-step: with different numbers of micro-batches
+            # per rank the ranks would call different numbers of collectives (a deadlock).
+            out["cases"].append(None)
+            continue
+        model = build_model("mlp", (1, 8, 8), 10, seed=0)
+        names = {id(p): name for name, p in model.named_parameters()}
+        sync = mod.GradSync(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=ACCUM_LR, momentum=0.9)
+        losses, calls, grad_reduces = [], [], []
+        for step in range(ACCUM_STEPS):
+            inputs, targets = _accum_batch(n0 + n1, step)
+            part = slice(0, n0) if rank == 0 else slice(n0, n0 + n1)
+            log.clear()
+            dist.all_reduce = counting_all_reduce
+            try:
+                losses.append(mod.accumulation_step(model, sync, optimizer, inputs[part], targets[part], micro))
+            finally:
+                dist.all_reduce = real_all_reduce
+            counts = {name: 0 for name in names.values()}
+            for tensor in log:
+                for p in model.parameters():
+                    if tensor is p.grad:
+                        counts[names[id(p)]] += 1
+            calls.append(len(log))
+            grad_reduces.append(counts)
+        out["cases"].append({"losses": losses, "calls": calls, "grad_reduces": grad_reduces,
+                             "state": {k: v.clone() for k, v in model.state_dict().items()}})
+    return out
+
+
+_accum_worlds: dict = {}  # one world serves both multi-rank tests of 2.1
+
+
+def _accum_world(ref: grading.ModuleRef):
+    if ref not in _accum_worlds:
+        try:
+            _accum_worlds[ref] = run_world(_accum_rank, 2, args=(ref, ACCUM_CASES))
+        except Exception as exc:  # noqa: BLE001 - re-raised by every test that needs the world
+            _accum_worlds[ref] = exc
+    result = _accum_worlds[ref]
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def test_2_1_no_sync_suspends_sync_and_restores_it(grade):
+    mod = grade("2.1").load()
+    model = build_model("mlp", (1, 8, 8), 10, seed=0)
+    sync = mod.GradSync(model)
+    synced: list[int] = []
+    sync.sync = synced.append  # record instead of all-reducing
+    inputs, targets = _accum_batch(4, 0)
+
+    def backward():
+        sync.backward(F.cross_entropy(model(inputs), targets), 4)
+        return len(synced)
+
+    assert backward() == 1, "outside no_sync(), GradSync.backward must sync"
+    with sync.no_sync():
+        assert backward() == 1, "inside no_sync(), backward must not sync (set sync.require_sync = False)"
+        with sync.no_sync():
+            pass
+        assert backward() == 1, "after a nested no_sync() block, the outer block must still suspend the sync " \
+                                "(restore the PREVIOUS value of require_sync, not True)"
+    assert backward() == 2, "after the no_sync() block, backward must sync again (restore require_sync)"
+    with pytest.raises(ZeroDivisionError):
+        with sync.no_sync():
+            1 / 0
+    assert backward() == 3, "an exception inside no_sync() must still restore the sync (use try/finally)"
+
+
+def test_2_1_single_process_matches_one_large_batch(grade):
+    mod = grade("2.1").load()
+    total = 10
+    expected_losses, expected = _accum_ground_truth(total)
+    problems = []
+    for micro in (3, 5, 1, 10, 16):  # 3+3+3+1, divides, one sample each, whole batch, larger than the batch
+        model = build_model("mlp", (1, 8, 8), 10, seed=0)
+        optimizer = torch.optim.SGD(model.parameters(), lr=ACCUM_LR, momentum=0.9)
+        sync = mod.GradSync(model)
+        losses = [mod.accumulation_step(model, sync, optimizer, *_accum_batch(total, step), micro)
+                  for step in range(ACCUM_STEPS)]
+        problems += state_dict_problems(model.state_dict(), expected,
+                                        f"micro_batch_size={micro}, after {ACCUM_STEPS} steps:", rtol=1e-4, atol=1e-5)
+        if losses != pytest.approx(expected_losses, rel=1e-5):
+            problems.append(f"micro_batch_size={micro}: returned losses {losses}, expected the batch mean losses {expected_losses}")
+    assert_no_problems(problems, f"one process, {total} samples per step: k micro-batches must take the step of one "
+                                 "batch of 10 (weight each micro-batch's mean loss by n_i / n)")
+
+
+def test_2_1_two_ranks_match_one_large_batch(grade):
+    results = _accum_world(grade("2.1"))
+    problems = []
+    for index, (n0, n1, micro) in enumerate(ACCUM_CASES):
+        case = f"local batches {n0} + {n1}, micro_batch_size={micro}"
+        if results[0]["cases"][index] is None:
+            problems.append(f"{case}: not run, since gradients were all-reduced on every micro-step (see "
+                            "test_2_1_one_gradient_all_reduce_per_optimizer_step): with different numbers of "
+                            "micro-batches per rank that deadlocks")
+            continue
+        expected_losses, expected = _accum_ground_truth(n0 + n1)
+        for rank in range(2):
+            got = results[rank]["cases"][index]
+            problems += state_dict_problems(got["state"], expected, f"{case}, rank {rank}, after {ACCUM_STEPS} steps:",
+                                            rtol=1e-4, atol=1e-5)
+            if got["losses"] != pytest.approx(expected_losses, rel=1e-5):
+                problems.append(f"{case}, rank {rank}: returned losses {got['losses']}, expected the global mean "
+                                f"losses {expected_losses}")
+    assert_no_problems(problems, "2 ranks accumulating micro-batches must take exactly the steps of one process on all "
+                                 "samples (one plain step per optimizer step)")
+
+
+def test_2_1_one_gradient_all_reduce_per_optimizer_step(grade):
+    results = _accum_world(grade("2.1"))
+    problems = []
+    for rank in range(2):
+        sync_cost = results[rank]["sync_cost"]
+        for index, (n0, n1, micro) in enumerate(ACCUM_CASES):
+            got = results[rank]["cases"][index]
+            if got is None:
+                continue
+            case = f"rank {rank}, local batch {(n0, n1)[rank]}, micro_batch_size={micro}"
+            for step, (calls, counts) in enumerate(zip(got["calls"], got["grad_reduces"])):
+                wrong = {name: c for name, c in counts.items() if c != 1}
+                if wrong:
+                    problems.append(f"{case}, optimizer step {step}: gradients all-reduced {wrong} times (per "
+                                    "parameter), expected once per optimizer step: backward all micro-batches but "
+                                    "the last inside sync.no_sync()")
+                elif calls > sync_cost + 2:
+                    problems.append(f"{case}, optimizer step {step}: {calls} dist.all_reduce calls; one sync costs "
+                                    f"{sync_cost}, plus one for the loss")
+    assert_no_problems(problems, "gradient accumulation must all-reduce the gradients once per optimizer step, "
+                                 "not once per micro-batch:")
