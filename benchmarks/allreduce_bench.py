@@ -5,7 +5,9 @@
 Every rank times every implementation at every message size in the same run, with the
 reference `time_collective` (exercise 1.3), so your 1.3 need not be finished. Your
 strategies (phase1_data_parallel/allreduce.py, exercise 1.2) that still raise the TODO
-are skipped; one that disagrees with dist.all_reduce is flagged and not timed.
+are skipped; one that disagrees with dist.all_reduce is flagged and not timed. The fit
+gives each implementation's line T = A + B*bytes and, divided by its algorithm's cost
+terms, the link's alpha and 1/beta (reference `link_alpha_beta`, 1.3).
 """
 
 from __future__ import annotations
@@ -14,23 +16,24 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-for _p in (REPO_ROOT / "tests", REPO_ROOT):  # run without installing; spawned ranks re-run this
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+if str(REPO_ROOT) not in sys.path:  # run without installing; spawned ranks re-run this
+    sys.path.insert(0, str(REPO_ROOT))
 
+import importlib  # noqa: E402
 import json  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-import grading  # noqa: E402
 from common.distributed import current_device  # noqa: E402
 from common.launch import exit_on_user_error, run_world  # noqa: E402
 from solutions.phase1_data_parallel.allreduce import STRATEGIES as REFERENCE  # noqa: E402
-from solutions.phase1_data_parallel.comm_bench import bandwidths, fit_alpha_beta, time_collective  # noqa: E402
+from solutions.phase1_data_parallel.comm_bench import (  # noqa: E402
+    TORCH_ALL_REDUCE_MODEL, bandwidths, cost_terms, describe_fit, fit_alpha_beta, time_collective)
 from _util import OneLineParser, pyplot_or_none  # noqa: E402  (benchmarks/ is sys.path[0])
 
 BASELINE = "dist.all_reduce"
+LEARNER_MODULE = "phase1_data_parallel.allreduce"
 
 
 def _learner_status(fn) -> str:
@@ -50,14 +53,14 @@ def _learner_status(fn) -> str:
     return ("ok", "TODO", "WRONG RESULT")[int(flag.item())]
 
 
-def bench_rank(sizes: list[int], iters: int, repeats: int, learner: grading.ModuleRef) -> dict | None:
+def bench_rank(sizes: list[int], iters: int, repeats: int, learner: str) -> dict | None:
     """Runs on every rank; rank 0 returns {seconds: {impl: [s per size]}, notes: [...], ...}."""
     fns, notes = {}, []
     try:
-        learner_strategies = learner.load().STRATEGIES
+        learner_strategies = importlib.import_module(learner).STRATEGIES
     except Exception as exc:  # noqa: BLE001 - a half-edited file must not stop the benchmark
         learner_strategies = {}
-        notes.append(f"learner: could not load {learner.path()} ({type(exc).__name__}: {exc})")
+        notes.append(f"learner: could not load {learner} ({type(exc).__name__}: {exc})")
     for name, fn in learner_strategies.items():
         status = _learner_status(fn)
         if status == "ok":
@@ -86,8 +89,17 @@ def fmt_size(n: int) -> str:
     return f"{n} B"
 
 
+def algorithm_of(name: str) -> str:
+    """The cost model behind an implementation's name: 'learner/ring' -> 'ring'."""
+    return TORCH_ALL_REDUCE_MODEL if name == BASELINE else name.split("/", 1)[-1]
+
+
 def derive(result: dict) -> dict:
-    """Add busbw/algbw per size and the alpha-beta fit per implementation (for the JSON too)."""
+    """Add busbw/algbw per size and the alpha-beta fits per implementation (for the JSON too).
+
+    fit[name]: the collective's line (A in us, B in s/byte) and the link's alpha (us) and
+    1/beta (GB/s) = A/a, b/B with the algorithm's cost terms (a, b); `reliable` is False
+    when A < 0 or B <= 0, and the link numbers are then None, never a negative bandwidth."""
     sizes, world = result["sizes_bytes"], result["world_size"]
     result["busbw_GBps"], result["algbw_GBps"], result["fit"] = {}, {}, {}
     for name, secs in result["seconds"].items():
@@ -95,8 +107,15 @@ def derive(result: dict) -> dict:
         result["algbw_GBps"][name] = [a / 1e9 for a, _ in bws]
         result["busbw_GBps"][name] = [b / 1e9 for _, b in bws]
         if len(sizes) >= 2:
-            alpha, beta = fit_alpha_beta(sizes, secs)
-            result["fit"][name] = {"alpha_us": alpha * 1e6, "inv_beta_GBps": 1 / beta / 1e9 if beta > 0 else None}
+            big_a, big_b = fit_alpha_beta(sizes, secs)
+            try:
+                a, b = cost_terms(algorithm_of(name), world)
+            except ValueError:  # a strategy of the learner's own: no cost model to divide by
+                a, b = 0.0, 0.0
+            reliable = big_a >= 0 and big_b > 0 and a > 0 and b > 0
+            result["fit"][name] = {"A_us": big_a * 1e6, "B_s_per_byte": big_b, "a": a, "b": b, "reliable": reliable,
+                                   "link_alpha_us": big_a / a * 1e6 if reliable else None,
+                                   "link_inv_beta_GBps": b / big_b / 1e9 if reliable else None}
     return result
 
 
@@ -110,12 +129,16 @@ def format_report(r: dict) -> str:
     lines += [f"{n:<{width}}" + "".join(f"{t * 1e6:>10.1f}" for t in r["seconds"][n]) for n in names]
     lines += ["", "busbw (GB/s) = size/time * 2(p-1)/p", head]
     lines += [f"{n:<{width}}" + "".join(f"{b:>10.3f}" for b in r["busbw_GBps"][n]) for n in names]
-    lines += ["", "alpha-beta fit: time = alpha + beta * bytes"]
+    lines += ["", "alpha-beta fit (relative least squares): collective T = A + B*bytes = a*alpha + b*bytes*beta;",
+              "the link's alpha = A/a and 1/beta = b/B, with (a, b) from the algorithm's cost model"]
     if not r["fit"]:
         lines.append("  (needs at least two message sizes)")
     for n, f in r["fit"].items():
-        bw = f"{f['inv_beta_GBps']:.3f} GB/s" if f["inv_beta_GBps"] else "n/a (time does not grow with size)"
-        lines.append(f"  {n:<{width}} alpha = {f['alpha_us']:8.1f} us   1/beta = {bw}")
+        if f["a"] == 0:
+            text = "n/a (one rank sends nothing)" if r["world_size"] == 1 else "n/a (no cost model for it)"
+        else:
+            text = describe_fit(f["A_us"] / 1e6 / f["a"], f["B_s_per_byte"] / f["b"])
+        lines.append(f"  {n:<{width}} (a={f['a']:g}, b={f['b']:.3g})  link {text}")
     lines += ["", f"ratios, measured side by side in this run (time / time of {BASELINE}):"]
     base = r["seconds"][BASELINE]
     for n in names[:-1]:
@@ -141,7 +164,7 @@ def plot(r: dict, path: str) -> None:
     print(f"plot written to {path}")
 
 
-def main(argv: list[str] | None = None, learner: grading.ModuleRef | None = None) -> None:
+def main(argv: list[str] | None = None, learner: str = LEARNER_MODULE) -> None:
     parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=2, help="ranks to start (default 2)")
     parser.add_argument("--min-kib", type=int, default=1, help="smallest message (default 1 KiB)")
@@ -160,7 +183,6 @@ def main(argv: list[str] | None = None, learner: grading.ModuleRef | None = None
     while kib <= args.max_kib:
         sizes.append(kib * 1024)
         kib *= 4
-    learner = learner or grading.ModuleRef("1.2", "learner", str(REPO_ROOT))
     with exit_on_user_error():
         results = run_world(bench_rank, args.nproc, args=(sizes, args.iters, args.repeats, learner), timeout=args.timeout)
     result = derive(results[0])

@@ -5,13 +5,14 @@
     python benchmarks/pipeline_bubble.py --plot timeline.png      # measured timelines (matplotlib)
 
 Every rank is one stage of the same model (equal Linear+Tanh layers per stage) and runs
-the reference executor (exercise 2.6) on its row of each schedule. The executor records
-when each forward/backward computed (time.perf_counter(), waits excluded); a stage's
-idle fraction is 1 - (its compute time) / (the whole step's wall-clock span, first rank
-in to last rank out). Theory, with F and B equal on every stage: (p-1)/(m+p-1) for both
-schedules. Peak in-flight activations per stage: micro-batches forwarded and not yet
-backwarded (count), times the bytes autograd saved for backward in one forward
-(torch.autograd.graph.saved_tensors_hooks). Runs of GPipe and 1F1B are interleaved, and
+the reference executor (exercise 2.6) on its row of each schedule, under a
+common.measure.StageRecorder: it records when each forward/backward computed
+(time.perf_counter(), waits excluded) and the bytes the stage holds for its micro-batches
+(saved activations, outputs, send buffers alive). A stage's idle fraction is
+1 - (its compute time) / (the whole step's wall-clock span, first rank in to last rank
+out). Theory, with F and B equal on every stage: (p-1)/(m+p-1) for both schedules.
+Memory: peak bytes held on stage 0, and that peak in units of what one forward leaves
+held (GPipe: m, 1F1B: at most p, whatever m). Runs of GPipe and 1F1B are interleaved, and
 the median of --repeats runs is kept.
 
 Read the idle fractions with the machine in mind: with fewer free cores than ranks,
@@ -27,9 +28,8 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-for _p in (REPO_ROOT / "tests", REPO_ROOT):  # run without installing; spawned ranks re-run this
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+if str(REPO_ROOT) not in sys.path:  # run without installing; spawned ranks re-run this
+    sys.path.insert(0, str(REPO_ROOT))
 
 import os  # noqa: E402
 import time  # noqa: E402
@@ -40,9 +40,10 @@ import torch.nn as nn  # noqa: E402
 
 from common.distributed import current_device  # noqa: E402
 from common.launch import exit_on_user_error, run_world  # noqa: E402
+from common.measure import StageRecorder, render_timeline  # noqa: E402
 from solutions.phase2_advanced.model_split import PipelineStage  # noqa: E402
 from solutions.phase2_advanced.pipeline import (  # noqa: E402
-    bubble_fraction, gpipe_schedule, max_in_flight, one_f_one_b_schedule, render_timeline, run_pipeline, time_grid)
+    bubble_fraction, gpipe_schedule, max_in_flight, one_f_one_b_schedule, run_pipeline, time_grid)
 from _util import OneLineParser, pyplot_or_none  # noqa: E402  (benchmarks/ is sys.path[0])
 
 SCHEDULES = {"GPipe": gpipe_schedule, "1F1B": one_f_one_b_schedule}
@@ -74,29 +75,6 @@ class SleepLayer(nn.Module):
         return _Sleep.apply(x * self.scale, self.ms)
 
 
-class CountingStage(PipelineStage):
-    """A PipelineStage that records, per forward, the bytes autograd saves for the backward."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.saved_bytes: list[int] = []
-
-    def forward(self, x):
-        params = {p.untyped_storage().data_ptr() for p in self.parameters()}
-        storages = {}
-
-        def pack(t):
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in params:  # weights are saved too, but they are not activations
-                storages[storage.data_ptr()] = storage.nbytes()  # a storage saved twice counts once
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = super().forward(x)
-        self.saved_bytes.append(sum(storages.values()))
-        return out
-
-
 def build_layers(num_stages: int, layers_per_stage: int, width: int, simulate_ms: float) -> list[nn.Module]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -114,7 +92,7 @@ def bench_rank(microbatch_counts: list[int], microbatch_size: int, width: int, l
     torch.set_num_threads(1)  # ranks share the machine's cores
     rank, world = dist.get_rank(), dist.get_world_size()
     device = current_device()
-    stage = CountingStage(build_layers(world, layers_per_stage, width, simulate_ms), rank, world, device=device)
+    stage = PipelineStage(build_layers(world, layers_per_stage, width, simulate_ms), rank, world, device=device)
     gen = torch.Generator().manual_seed(rank)
     runs = []
     for m in microbatch_counts:
@@ -124,18 +102,19 @@ def bench_rank(microbatch_counts: list[int], microbatch_size: int, width: int, l
             for name, schedule_fn in SCHEDULES.items():
                 actions = schedule_fn(world, m)[rank]
                 stage.zero_grad(set_to_none=True)
-                stage.saved_bytes.clear()
-                trace: list = []
                 dist.barrier()
-                start = time.perf_counter()  # CLOCK_MONOTONIC: comparable across processes of one machine
-                run_pipeline(actions, stage, inputs, targets, lambda out, y: (out - y).pow(2).mean(), trace=trace)
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                stop = time.perf_counter()
+                with StageRecorder(stage, exclude=inputs or ()) as recorder:
+                    start = time.perf_counter()  # CLOCK_MONOTONIC: comparable across processes of one machine
+                    run_pipeline(actions, stage, inputs, targets, lambda out, y: (out - y).pow(2).mean())
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    stop = time.perf_counter()
                 dist.barrier()
                 if repeat:
+                    trace = [(c.kind, j, c.start, c.end) for c, (_, j) in zip(recorder.computes, actions)]
                     runs.append({"schedule": name, "m": m, "repeat": repeat, "start": start, "stop": stop,
-                                 "trace": trace, "saved_bytes": stage.saved_bytes[0]})
+                                 "trace": trace, "peak_bytes": recorder.peak_bytes,
+                                 "one_forward_bytes": recorder.held_after_forward[0]})
     return {"rank": rank, "runs": runs, "backend": dist.get_backend()}
 
 
@@ -169,7 +148,8 @@ def summarize(results: list[dict], microbatch_counts: list[int], repeats: int) -
             assert peak == [max_in_flight(a) for a in actions], "trace order differs from the schedule"
             rows.append({"schedule": name, "m": m, "idle": idle, "mean_idle": sum(idle) / p,
                          "grid_bubble": bubble_fraction(time_grid(actions)), "theory": (p - 1) / (m + p - 1),
-                         "peak_in_flight": peak, "peak_bytes": [n * r["saved_bytes"] for n, r in zip(peak, last)],
+                         "peak_in_flight": peak, "peak_bytes": [r["peak_bytes"] for r in last],
+                         "held_in_forwards": [r["peak_bytes"] / max(r["one_forward_bytes"], 1) for r in last],
                          "span_s": median(spans), "b_over_f": median(fb_ratios)})
     return rows
 
@@ -180,19 +160,19 @@ def format_report(rows: list[dict], p: int, header: str) -> str:
              f"{'':3}  {'':9}{'idle fraction (measured)':>{idle_w}}{'':37}  {'in flight':>{peak_w}}",
              f"{'m':>3}  {'schedule':<9}" + "".join(f"{'s' + str(s):>7}" for s in range(p))
              + f"{'mean':>7}{'theory':>8}{'grid':>7}{'step ms':>10}{'B/F':>5}  "
-             + "".join(f"{'s' + str(s):>4}" for s in range(p)) + f"{'s0 MiB':>9}"]
+             + "".join(f"{'s' + str(s):>4}" for s in range(p)) + f"{'s0 MiB':>9}{'s0 held/F':>10}"]
     for r in rows:
         lines.append(f"{r['m']:>3}  {r['schedule']:<9}" + "".join(f"{x:>7.2f}" for x in r["idle"])
                      + f"{r['mean_idle']:>7.2f}{r['theory']:>8.2f}{r['grid_bubble']:>7.2f}"
                      + f"{r['span_s'] * 1e3:>10.1f}{r['b_over_f']:>5.1f}  "
                      + "".join(f"{n:>4}" for n in r["peak_in_flight"])
-                     + f"{r['peak_bytes'][0] / 2**20:>9.2f}")
+                     + f"{r['peak_bytes'][0] / 2**20:>9.2f}{r['held_in_forwards'][0]:>10.2f}")
     by = {(r["schedule"], r["m"]): r for r in rows}
     lines += ["", "side by side (same run): 1F1B / GPipe"]
     for m in sorted({r["m"] for r in rows}):
         g, o = by[("GPipe", m)], by[("1F1B", m)]
         lines.append(f"  m={m:<3} step time {o['span_s'] / g['span_s']:.2f}x   mean idle {o['mean_idle']:.2f} vs "
-                     f"{g['mean_idle']:.2f}   stage-0 activations {o['peak_bytes'][0] / max(g['peak_bytes'][0], 1):.2f}x")
+                     f"{g['mean_idle']:.2f}   stage-0 bytes held {o['peak_bytes'][0] / max(g['peak_bytes'][0], 1):.2f}x")
     return "\n".join(lines)
 
 
@@ -247,7 +227,8 @@ def main(argv: list[str] | None = None) -> None:
     header = (f"pipeline of {p} stages ({results[0]['backend']}): {model}; median of {args.repeats} interleaved runs\n"
               "idle = 1 - compute / step span (measured);  theory = (p-1)/(m+p-1);  grid = the same from the "
               "unit-time grid\nB/F = backward time / forward time;  in flight = peak micro-batches forwarded and not yet "
-              "backwarded;\ns0 MiB = stage 0's peak activations: in flight x bytes saved for backward per forward")
+              "backwarded (executed order);\ns0 MiB = the most bytes stage 0 held at once (saved activations, outputs, "
+              "send buffers alive); s0 held/F = the same in units of what one forward leaves held")
     print(format_report(summarize(results, counts, args.repeats), p, header))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if results[0]["backend"] == "gloo" and not args.simulate_ms and cores and cores < p:

@@ -1,16 +1,16 @@
-"""Per-rank bytes of parameters, gradients and Adam state for DP and ZeRO stages 1-3 (exercise 2.4).
+"""Per-rank memory (between steps AND at the peak) and traffic of DP and ZeRO stages 1-3 (exercise 2.4).
 
     python benchmarks/zero_memory.py                         # world sizes 1, 2, 4; ~3.2M parameters
-    python benchmarks/zero_memory.py --worlds 2 3 --width 512 --learner
+    python benchmarks/zero_memory.py --worlds 2 3 --width 512 --layers 8 --learner
 
-For each world size a world of ranks (common.launch.run_world) trains the same MLP one
-Adam step with each stage, then every rank reports `state_bytes()` (the storages it
-really holds between steps) and the elements it sent in collectives during the step
-(counted by wrapping dist.all_reduce / reduce_scatter_tensor / all_gather_into_tensor,
-with the ring cost model: all-reduce 2(N-1)/N x size, reduce-scatter and all-gather
-(N-1)/N x the full size). The table shows rank 0's bytes next to `zero_state_bytes`
-(the formula, padding included) and the ratio to plain DP; the largest rank differs
-from rank 0 by nothing (equal shards).
+For each world size a world of ranks (common.launch.run_world) trains the same MLP two
+Adam steps with each stage. During the second step every rank samples
+`common.measure.training_memory` (the model's parameters, their .grad, what the optimizer
+keeps) at every collective it calls and at the end of backward (CollectiveLog's on_call),
+and after the step; it also counts the elements it sends (ring model of the calls it
+makes, `ring_elements_sent`). The table shows rank 0: bytes between steps next to
+`zero_state_bytes` (the formula, padding included), the PEAK and where it happened, the
+ratio to DP, and the traffic per step. Activations are not counted (exercise 2.3).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-for _p in (REPO_ROOT / "tests", REPO_ROOT):  # run without installing; spawned ranks re-run this
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+if str(REPO_ROOT) not in sys.path:  # run without installing; spawned ranks re-run this
+    sys.path.insert(0, str(REPO_ROOT))
 
+import importlib  # noqa: E402
 import json  # noqa: E402
 
 import torch  # noqa: E402
@@ -30,9 +30,9 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import grading  # noqa: E402
 from common.distributed import current_device  # noqa: E402
 from common.launch import exit_on_user_error, run_world  # noqa: E402
+from common.measure import CollectiveLog, PeakBytes, ring_elements_sent, training_memory  # noqa: E402
 from solutions.phase2_advanced.zero import layer_numels, zero_state_bytes  # noqa: E402
 from _util import OneLineParser  # noqa: E402  (benchmarks/ is sys.path[0])
 
@@ -49,44 +49,11 @@ def build(width: int, layers: int, classes: int) -> nn.Module:
     return nn.Sequential(*mods)
 
 
-class _Counter:
-    """Elements this rank sends, ring model, for the three collectives ZeRO uses."""
-
-    def __init__(self):
-        self.sent = 0.0
-        self.real = {name: getattr(dist, name) for name in ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor")}
-
-    def __enter__(self):
-        n = dist.get_world_size()
-        frac = (n - 1) / n
-        real = self.real
-
-        def all_reduce(tensor, *a, **k):
-            self.sent += 2 * frac * tensor.numel()
-            return real["all_reduce"](tensor, *a, **k)
-
-        def reduce_scatter_tensor(output, input, *a, **k):
-            self.sent += frac * input.numel()
-            return real["reduce_scatter_tensor"](output, input, *a, **k)
-
-        def all_gather_into_tensor(output, input, *a, **k):
-            self.sent += frac * output.numel()
-            return real["all_gather_into_tensor"](output, input, *a, **k)
-
-        dist.all_reduce, dist.reduce_scatter_tensor, dist.all_gather_into_tensor = \
-            all_reduce, reduce_scatter_tensor, all_gather_into_tensor
-        return self
-
-    def __exit__(self, *exc):
-        for name, fn in self.real.items():
-            setattr(dist, name, fn)
-
-
-def bench_rank(ref: grading.ModuleRef, width: int, layers: int, batch: int) -> dict:
-    mod = ref.load()
+def bench_rank(module_name: str, width: int, layers: int, batch: int) -> dict:
+    mod = importlib.import_module(module_name)
     device = current_device()
-    rank = dist.get_rank()
-    gen = torch.Generator().manual_seed(rank)
+    world = dist.get_world_size()
+    gen = torch.Generator().manual_seed(dist.get_rank())
     inputs = torch.randn(batch, width, generator=gen).to(device)
     targets = torch.randint(0, 10, (batch,), generator=gen).to(device)
     out = {}
@@ -95,28 +62,29 @@ def bench_rank(ref: grading.ModuleRef, width: int, layers: int, batch: int) -> d
         optimizer = getattr(mod, name)(model, lr=1e-3)
         F.cross_entropy(model(inputs), targets).backward()
         optimizer.step()
-        # the second step, counted whole: stage 3 gathers in forward and backward, not in step()
-        with _Counter() as counter:
+        # the second step, measured whole: stage 3 gathers in forward and backward, not in step()
+        peak = PeakBytes(lambda: training_memory(model, optimizer))
+        with CollectiveLog(on_call=lambda call: peak.sample(call.name)) as log:
             F.cross_entropy(model(inputs), targets).backward()
+            peak.sample("end of backward")
             optimizer.step()
-        out[stage] = {"bytes": optimizer.state_bytes(), "sent": counter.sent}
-        del optimizer, model
+        out[stage] = {"between_steps": peak.sample("after step"), "peak": peak.peak, "peak_where": peak.where,
+                      "sent": sum(ring_elements_sent(call, world) for call in log.calls)}
+        del optimizer, model, peak
     return out
 
 
 def run(args) -> dict:
-    ref = grading.ModuleRef("2.4", "learner" if args.learner else "solution", str(REPO_ROOT))
-    model = build(args.width, args.layers, 10)
-    units = layer_numels(model)
+    module_name = ("" if args.learner else "solutions.") + "phase2_advanced.zero"
+    units = layer_numels(build(args.width, args.layers, 10))
     results = {"psi": sum(units), "units": units, "worlds": {}}
     for world in args.worlds:
         with exit_on_user_error():
-            ranks = run_world(bench_rank, world, args=(ref, args.width, args.layers, args.batch), timeout=args.timeout)
+            ranks = run_world(bench_rank, world, args=(module_name, args.width, args.layers, args.batch),
+                              timeout=args.timeout)
         results["worlds"][world] = {
-            stage: {"measured": ranks[0][stage]["bytes"],
-                    "max_total": max(r[stage]["bytes"]["total"] for r in ranks),
-                    "formula": zero_state_bytes(stage, units, world),
-                    "sent_per_rank": ranks[0][stage]["sent"]}
+            stage: {**ranks[0][stage], "formula": zero_state_bytes(stage, units, world),
+                    "max_peak_total": max(r[stage]["peak"]["total"] for r in ranks)}
             for stage in CLASSES}
     return results
 
@@ -124,31 +92,40 @@ def run(args) -> dict:
 def report(r: dict, args) -> str:
     psi, mb = r["psi"], 1e6
     impl = "your zero.py" if args.learner else "reference zero.py"
-    lines = [f"MLP {args.layers} x Linear(width {args.width}), Psi = {psi:,} fp32 parameters, Adam, {impl}",
-             "bytes rank 0 holds between steps (params + grads + Adam state), measured by state_bytes() vs "
-             "zero_state_bytes(); comm = elements sent per rank in one step (ring model) / Psi", ""]
-    head = (f"{'N':>3} {'stage':<13} {'params MB':>10} {'grads MB':>9} {'Adam MB':>8} {'total MB':>9} "
-            f"{'formula MB':>11} {'match':>6} {'bytes/Psi':>10} {'vs DP':>6} {'comm/Psi':>9}")
-    lines.append(head)
+    lines = [f"MLP {args.layers} x Linear(width {args.width}), Psi = {psi:,} fp32 parameters in {len(r['units'])} units "
+             f"(the largest {max(r['units']) / psi:.0%}), Adam, {impl}, rank 0",
+             "between steps: params + grads + optimizer-held (shards, Adam state), measured by training_memory vs "
+             "zero_state_bytes;",
+             "peak: the most held at any collective or at the end of backward (activations not counted), and the "
+             "full gradients then; comm: elements sent per step (ring model) / Psi", ""]
+    lines.append(f"{'N':>3} {'stage':<13} {'params MB':>10} {'grads MB':>9} {'optim MB':>9} {'total MB':>9} "
+                 f"{'=formula':>8} {'B/Psi':>6} {'vs DP':>6} {'peak B/Psi':>11} {'of it grads':>12} {'peak at':<22} "
+                 f"{'comm/Psi':>9}")
     for world, stages in r["worlds"].items():
-        dp = stages[0]["measured"]["total"]
+        dp = stages[0]["between_steps"]["total"]
         for stage, row in stages.items():
-            m, f = row["measured"], row["formula"]
-            ok = "yes" if all(m[k] == f[k] for k in f) and row["max_total"] == m["total"] else "NO"
+            m, f, p = row["between_steps"], row["formula"], row["peak"]
+            ok = "=" if all(m[k] == f[k] for k in f) else "NO"
             lines.append(f"{world:>3} {NAMES[stage]:<13} {m['params'] / mb:>10.2f} {m['grads'] / mb:>9.2f} "
-                         f"{m['optimizer'] / mb:>8.2f} {m['total'] / mb:>9.2f} {f['total'] / mb:>11.2f} {ok:>6} "
-                         f"{m['total'] / psi:>10.2f} {m['total'] / dp:>5.2f}x {row['sent_per_rank'] / psi:>9.2f}")
+                         f"{m['optimizer'] / mb:>9.2f} {m['total'] / mb:>9.2f} {ok:>8} {m['total'] / psi:>6.2f} "
+                         f"{m['total'] / dp:>5.2f}x {p['total'] / psi:>11.2f} {p['grads'] / psi:>12.2f} "
+                         f"{row['peak_where']['total']:<22} {row['sent'] / psi:>9.2f}")
         lines.append("")
-    lines += ["fp32 Adam formulas: DP 16 Psi; ZeRO-1 4+4+8/N; ZeRO-2 4+12/N; ZeRO-3 16/N (x Psi, up to padding).",
-              "comm: DP all-reduce 2(N-1)/N; ZeRO-1 here all-reduce + all-gather 3(N-1)/N (a reduce-scatter would do:",
-              "that is ZeRO-2, 2(N-1)/N, same as DP); ZeRO-3 all-gather x2 + reduce-scatter 3(N-1)/N = 1.5x DP.",
-              "",
-              "the ZeRO paper's mixed-precision count for the same Psi (fp16 params + grads, K = 12 bytes of fp32",
-              "master weights + Adam state), in MB per rank:"]
-    for world in r["worlds"]:
-        n = world
-        mp = {"DP": 16 * psi, "P_os": 4 * psi + 12 * psi / n, "P_os+g": 2 * psi + 14 * psi / n, "P_os+g+p": 16 * psi / n}
-        lines.append(f"  N={n}: " + ", ".join(f"{k} {v / mb:.2f}" for k, v in mp.items()))
+    lines += ["bytes per parameter between steps, and what each stage divides by N, by precision regime:",
+              "  fp32, or autocast (fp32 params and grads, 2.2):  4 params + 4 grads + 8 Adam = 16;"
+              "  ZeRO-1 4+4+8/N, ZeRO-2 4+12/N, ZeRO-3 16/N",
+              "    (autocast also holds a 2-byte copy of each weight it casts, cached while the autocast region runs and kept "
+              "for backward where saved: up to +2 at the peak)",
+              "  the ZeRO paper's (fp16 params and grads + K = 12 of fp32 master weights and Adam):  2 + 2 + 12 = 16;"
+              "  ZeRO-1 2+2+12/N, ZeRO-2 2+14/N, ZeRO-3 16/N",
+              "comm: DP all-reduce 2(N-1)/N; ZeRO-1 here all-reduce + all-gather 3(N-1)/N; ZeRO-2 reduce-scatter +",
+              "all-gather 2(N-1)/N, as DP; ZeRO-3 all-gather x2 + reduce-scatter 3(N-1)/N = 1.5x DP.",
+              "", "the same Psi in the two regimes, MB per rank (formulas, no padding):"]
+    for n in r["worlds"]:
+        fp32 = {"DP": 16, "ZeRO-1": 8 + 8 / n, "ZeRO-2": 4 + 12 / n, "ZeRO-3": 16 / n}
+        paper = {"DP": 16, "ZeRO-1": 4 + 12 / n, "ZeRO-2": 2 + 14 / n, "ZeRO-3": 16 / n}
+        lines.append(f"  N={n}: fp32/autocast " + ", ".join(f"{k} {v * psi / mb:.2f}" for k, v in fp32.items())
+                     + ";  paper's fp16 " + ", ".join(f"{k} {v * psi / mb:.2f}" for k, v in paper.items()))
     return "\n".join(lines)
 
 

@@ -80,8 +80,14 @@ def platform_env_defaults() -> dict[str, str]:
     return {}
 
 
-def init_distributed(backend: str | None = None, timeout_s: float | None = None) -> DistInfo:
-    """Join the world described by the torchrun environment variables; idempotent."""
+def init_distributed(backend: str | None = None, timeout_s: float | None = None,
+                     store: dist.Store | None = None) -> DistInfo:
+    """Join the world described by the torchrun environment variables; idempotent.
+
+    Without `store`, the ranks meet through MASTER_ADDR:MASTER_PORT (env://, what
+    torchrun sets up). With `store` (common.launch.run_world passes a client of the
+    store its parent hosts), they meet there; RANK and WORLD_SIZE still say who is who.
+    """
     rank, world_size = _env_int("RANK"), _env_int("WORLD_SIZE")
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
@@ -97,7 +103,12 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         timeout = datetime.timedelta(seconds=timeout_s or DEFAULT_PG_TIMEOUT_S)
-        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
+        # device_id binds this rank's GPU to the group. In torch 2.15, under NCCL, the
+        # communicator is then created at once (an error shows here, not at the first
+        # collective) and sub-groups are split from it (ncclCommSplit). CPU: nothing to bind.
+        device_id = device if device.type == "cuda" else None
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
+                                device_id=device_id)
     return DistInfo(rank, world_size, local_rank, device, backend)
 
 

@@ -11,16 +11,29 @@ assert in one place with readable diffs.
 Guarantees:
   * a rank that raises fails the call at once with that rank's number and traceback
     (`WorldError`);
-  * a world that does not finish within `timeout` seconds (a deadlock: a rank skipped
-    a collective, a ring sends before it receives) fails with `WorldTimeout`, which
-    shows for every rank the file and line where it was waiting;
-  * no rank outlives the call, even if the parent is killed;
+  * a world whose code does not finish within `timeout` seconds (a deadlock: a rank
+    skipped a collective, a ring sends before it receives) fails with `WorldTimeout`,
+    which shows for every rank the file and line where it was waiting. The clock starts
+    once every rank has joined the group; starting up (spawning, importing torch) has
+    its own deadline, START_TIMEOUT_S, so a busy machine is not mistaken for a deadlock;
+  * no rank outlives the call, nor any process a rank started (a DataLoader's workers),
+    even if the parent is killed: each rank leads its own process group, which the
+    parent kills as a whole, and a rank whose parent vanished kills its group;
+  * no rank leaves before every rank has delivered its result, and a rank leaves
+    without tearing its process group down; one that still dies after delivering (a
+    crash in native code at exit) does not fail the world: its result stands, with a
+    warning;
   * no port is ever guessed: the parent hosts the rendezvous store on a port the OS
-    picks, so concurrent runs never collide.
+    picks, so concurrent runs never collide; each rank connects to it as a client.
+
+Ranks are ordinary (non-daemonic) processes, so they can start their own children,
+e.g. `DataLoader(num_workers=2)`, with the platform's default start method, as under
+torchrun.
 """
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import multiprocessing as mp
 import multiprocessing.connection
@@ -34,15 +47,18 @@ import tempfile
 import threading
 import time
 import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("COURSE_WORLD_TIMEOUT", "45"))
+START_TIMEOUT_S = float(os.environ.get("COURSE_WORLD_START_TIMEOUT", "120"))
 # Collectives time out later than the world, so a deadlock is reported by the
 # stack dump of every rank (useful) rather than by one rank's gloo timeout.
 _PG_TIMEOUT_MARGIN_S = 60.0
 _CAN_SIGNAL = hasattr(signal, "SIGUSR1")
+_HAS_GROUPS = hasattr(os, "setpgid") and hasattr(os, "killpg")  # POSIX process groups
 
 
 @dataclass
@@ -66,10 +82,15 @@ class WorldError(RuntimeError):
 
 
 class WorldTimeout(WorldError):
-    """The world missed its deadline; `stacks` maps rank -> faulthandler dump."""
+    """The world missed its deadline; `stacks` maps rank -> faulthandler dump.
 
-    def __init__(self, summary: str, stacks: dict[int, str], details: str):
+    `not_started` lists the ranks that had not reached `fn` yet (still importing or
+    joining the group): then the deadline was too short for the machine, and no code
+    under test is to blame."""
+
+    def __init__(self, summary: str, stacks: dict[int, str], details: str, not_started: tuple[int, ...] = ()):
         self.stacks = stacks
+        self.not_started = tuple(not_started)
         super().__init__(summary, {}, details)
 
 
@@ -100,29 +121,31 @@ def run_world(
         use_libuv=sys.platform != "win32",
     )
     run_dir = Path(tempfile.mkdtemp(prefix="course-world-"))
-    deadline = time.time() + timeout
+    start_deadline = time.time() + START_TIMEOUT_S
+    deadline = start_deadline + timeout  # the latest a rank can be needed: its own last resort
     ctx = mp.get_context("spawn")
     procs = [
         ctx.Process(
             target=_rank_main,
-            args=(rank, world_size, fn, args, kwargs or {}, store.port, str(run_dir), deadline, env or {}),
+            args=(rank, world_size, fn, args, kwargs or {}, store.port, str(run_dir), deadline, timeout, env or {}),
             name=f"rank{rank}",
-            daemon=True,
+            daemon=False,  # a daemonic process may not start children (DataLoader workers)
         )
         for rank in range(world_size)
     ]
+    reaped: set[int] = set()  # ranks already joined (and their groups killed)
     try:
         for p in procs:
             p.start()
-        _wait_for_world(procs, run_dir, deadline, timeout)
+        _wait_for_world(procs, run_dir, start_deadline, timeout, reaped)
         return [_load(run_dir / f"rank{r}.result") for r in range(world_size)]
     finally:
-        started = [p for p in procs if p.pid is not None]
-        for p in started:
-            if p.is_alive():
-                p.kill()
-        for p in started:
-            p.join(timeout=10)
+        started = [r for r, p in enumerate(procs) if p.pid is not None]
+        for r in started:
+            if r not in reaped:
+                _kill_rank(procs[r])
+        for r in started:
+            procs[r].join(timeout=10)
         shutil.rmtree(run_dir, ignore_errors=True)
         del store
 
@@ -130,29 +153,76 @@ def run_world(
 # ---------------------------------------------------------------- parent side
 
 
-def _wait_for_world(procs, run_dir: Path, deadline: float, timeout: float) -> None:
+def _kill_rank(p) -> None:
+    """Kill a rank and every process it started (its process group), if any is left.
+
+    Only for a rank not yet joined: until then its pid, which names the group, cannot
+    be given to another process."""
+    if _HAS_GROUPS:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # the rank leads a group named by its pid
+        except (ProcessLookupError, PermissionError):
+            pass  # no group (the rank had not set it up yet, or all of it is gone)
+    if p.is_alive():
+        p.kill()
+
+
+def _wait_for_world(procs, run_dir: Path, start_deadline: float, timeout: float, reaped: set[int]) -> None:
     running = {p.sentinel: rank for rank, p in enumerate(procs)}
+    work_deadline = None  # set once every rank has joined the group and runs the code
     while running:
-        remaining = deadline - time.time()
+        now = time.time()
+        if work_deadline is None and all((run_dir / f"rank{r}.started").exists() for r in range(len(procs))):
+            work_deadline = now + timeout
+        remaining = (work_deadline or start_deadline) - now
         if remaining <= 0:
-            _raise_timeout(procs, run_dir, timeout)
-        for sentinel in mp.connection.wait(list(running), timeout=remaining):
+            _raise_timeout(procs, run_dir, timeout if work_deadline else START_TIMEOUT_S)
+        poll = remaining if work_deadline else min(remaining, 0.1)  # until then, watch for the start
+        for sentinel in mp.connection.wait(list(running), timeout=poll):
             rank = running.pop(sentinel)
+            _kill_rank(procs[rank])  # it has exited: nothing it started may outlive it
             procs[rank].join()
-            if procs[rank].exitcode != 0:
-                _raise_rank_failure(procs, rank, run_dir)
+            reaped.add(rank)
+            if procs[rank].exitcode == 0:
+                continue
+            if (run_dir / f"rank{rank}.result").exists():
+                # The result is delivered; a crash after it (at exit, in native code)
+                # cannot change it, so it must not turn a correct run into a failure.
+                warnings.warn(f"rank {rank} delivered its result, then {_death(procs[rank].exitcode)} "
+                              f"while exiting{_where(run_dir, rank)}", RuntimeWarning, stacklevel=3)
+                continue
+            _raise_rank_failure(procs, rank, run_dir, reaped)
 
 
-def _raise_rank_failure(procs, rank: int, run_dir: Path) -> None:
-    for p in procs:  # the others are probably blocked waiting for this rank
-        if p.is_alive():
-            p.kill()
+def _death(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            return f"was killed by signal {-exitcode} ({signal.Signals(-exitcode).name})"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
+
+
+def _where(run_dir: Path, rank: int) -> str:
+    """' in file:line ...' from the dump faulthandler wrote when a fatal signal hit the rank."""
+    path = run_dir / f"rank{rank}.stack"
+    dump = path.read_text(errors="replace") if path.exists() else ""
+    return f" in {describe_stuck_frame(dump)}" if "Fatal Python error" in dump else ""
+
+
+def _raise_rank_failure(procs, rank: int, run_dir: Path, reaped: set[int]) -> None:
+    for r, p in enumerate(procs):  # the others are probably blocked waiting for this rank
+        if r not in reaped:
+            _kill_rank(p)
     failures = {r: _load(run_dir / f"rank{r}.error") for r in range(len(procs))
                 if (run_dir / f"rank{r}.error").exists()}
     if rank not in failures:
-        code = procs[rank].exitcode
-        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-        failures[rank] = RankFailure(rank, "ProcessDied", f"rank {rank} died ({how}) before reporting", "", None, time.time())
+        where = _where(run_dir, rank)
+        # When it died: the fatal-signal dump's time if it left one, so that a rank whose
+        # peer died first does not pass for the cause of the failure.
+        when = (run_dir / f"rank{rank}.stack").stat().st_mtime if where else time.time()
+        message = f"rank {rank} {_death(procs[rank].exitcode)} before reporting{where}"
+        failures[rank] = RankFailure(rank, "ProcessDied", message, "", None, when)
     # A rank that raises makes its peers fail too ("connection closed by peer"):
     # the first failure is the cause, the others are consequences.
     cause = min(failures.values(), key=lambda f: f.when)
@@ -172,21 +242,31 @@ def _raise_timeout(procs, run_dir: Path, timeout: float) -> None:
                 os.kill(procs[r].pid, signal.SIGUSR1)
             except ProcessLookupError:
                 pass
-    stacks = {r: _read_settled(run_dir / f"rank{r}.stack") for r in alive}
-    lines = [f"world of {len(procs)} ranks did not finish within {timeout:.0f}s (a deadlock?)."]
+    settle_by = time.time() + 3.0  # one wait for all the dumps, not one per rank
+    stacks = {r: _read_settled(run_dir / f"rank{r}.stack", settle_by) for r in alive}
+    not_started = [r for r in alive if not (run_dir / f"rank{r}.started").exists()]
+    if not_started:
+        lines = [f"world of {len(procs)} ranks did not start within {timeout:.0f}s: ranks {not_started} had not "
+                 "reached the code under test (a busy machine? raise COURSE_WORLD_START_TIMEOUT)."]
+    else:
+        lines = [f"world of {len(procs)} ranks did not finish within {timeout:.0f}s (a deadlock?)."]
     lines.append("Where each rank was waiting (innermost frame outside torch):")
     for r, p in enumerate(procs):
         if r not in stacks:
             lines.append(f"  rank {r}: finished (exit code {p.exitcode})")
+        elif r in not_started:
+            lines.append(f"  rank {r}: still starting up (importing torch or joining the group)")
+        elif (run_dir / f"rank{r}.result").exists():
+            lines.append(f"  rank {r}: finished its work, waiting for the other ranks to finish theirs")
         else:
             lines.append(f"  rank {r}: {describe_stuck_frame(stacks[r])}")
     details = "\n".join(f"--- stack of rank {r} ---\n{s or '(no dump)'}" for r, s in stacks.items())
-    raise WorldTimeout("\n".join(lines), stacks, details)
+    raise WorldTimeout("\n".join(lines), stacks, details, not_started)
 
 
-def _read_settled(path: Path, limit_s: float = 3.0) -> str:
-    """Read a stack dump once the rank has finished writing it (size stable)."""
-    end, last = time.time() + limit_s, -1
+def _read_settled(path: Path, end: float) -> str:
+    """Read a stack dump once the rank has finished writing it (size stable), or at `end`."""
+    last = -1
     while time.time() < end:
         size = path.stat().st_size if path.exists() else 0
         if size and size == last:
@@ -236,44 +316,80 @@ def _dump_atomically(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def _wait_until_every_rank_delivered(store, world_size: int, timeout_s: float) -> None:
+    """A barrier on the parent's store: no rank leaves before every rank has delivered.
+
+    A rank that leaves closes its connections; a peer still finishing its last collective
+    would lose it. The store, not the process group, carries this barrier: the code under
+    test may have left the group in any state (a pending send, a collective one rank
+    skipped), and a rank that raised never arrives (the parent then stops the world)."""
+    import datetime
+
+    if store.add("course/delivered", 1) == world_size:
+        store.set("course/all_delivered", "1")
+    store.wait(["course/all_delivered"], datetime.timedelta(seconds=timeout_s))
+
+
 def _exit_when_orphaned(parent_pid: int) -> None:
     while True:
         time.sleep(1.0)
         if os.getppid() != parent_pid:
+            if _HAS_GROUPS:
+                os.killpg(0, signal.SIGKILL)  # this rank and the processes it started
             os._exit(3)
 
 
-def _rank_main(rank, world_size, fn, args, kwargs, port, run_dir, deadline, env) -> None:
-    from .distributed import cleanup_distributed, init_distributed, platform_env_defaults
-
+def _rank_main(rank, world_size, fn, args, kwargs, port, run_dir, deadline, timeout, env) -> None:
+    if _HAS_GROUPS:
+        os.setpgid(0, 0)  # lead a process group: the parent kills it whole (rank + its children)
+    # A spawned child inherits "spawn" as its start method; a torchrun rank has the
+    # platform's default (fork on Linux), so its DataLoader workers start in milliseconds.
+    mp.set_start_method(None, force=True)
     run_dir = Path(run_dir)
-    os.environ.update(platform_env_defaults())
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-        TORCHELASTIC_USE_AGENT_STORE="True",  # connect to the parent's store as a client
         OMP_NUM_THREADS="1",
     )
     os.environ.update(env)
 
     stack_file = open(run_dir / f"rank{rank}.stack", "w")
     remaining = max(deadline - time.time(), 1.0)
+    faulthandler.enable(file=stack_file, all_threads=True)  # a fatal signal leaves where it hit
     if _CAN_SIGNAL:
         faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
         # Last resort if the parent vanished without killing us.
         faulthandler.dump_traceback_later(remaining + 30, exit=True, file=stack_file)
-    else:  # Windows: no signals, so each rank dumps its own stack at the deadline.
-        faulthandler.dump_traceback_later(max(remaining - 1.0, 0.5), file=stack_file)
+    else:  # Windows: no signals, so each rank dumps its own stack at the deadline (set below).
+        faulthandler.dump_traceback_later(remaining, file=stack_file)
     threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
 
+    import datetime
+
     import torch
+    from torch.distributed import TCPStore
+
+    from .distributed import init_distributed, platform_env_defaults
+
+    for key, value in platform_env_defaults().items():
+        os.environ.setdefault(key, value)  # before the store client: Windows needs USE_LIBUV=0
 
     torch.set_num_threads(1)
     code = 0
     try:
-        init_distributed(timeout_s=remaining + _PG_TIMEOUT_MARGIN_S)
+        pg_timeout_s = remaining + _PG_TIMEOUT_MARGIN_S
+        # A client of the parent's store (public API; torchrun's ranks are clients of the
+        # agent's store in the same way). The store serves this world only, so no
+        # PrefixStore is needed: torch adds the group's own prefix to every key.
+        store = TCPStore("127.0.0.1", port, world_size, is_master=False,
+                         timeout=datetime.timedelta(seconds=pg_timeout_s))
+        init_distributed(timeout_s=pg_timeout_s, store=store)
+        (run_dir / f"rank{rank}.started").touch()
+        if not _CAN_SIGNAL:  # the parent's clock starts about now: dump just before it runs out
+            faulthandler.dump_traceback_later(max(timeout - 1.0, 0.5), file=stack_file)
         result = fn(*args, **kwargs)
         _dump_atomically(result, run_dir / f"rank{rank}.result")
+        _wait_until_every_rank_delivered(store, world_size, pg_timeout_s)
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
         try:
             pickle.dumps(exc)
@@ -283,10 +399,23 @@ def _rank_main(rank, world_size, fn, args, kwargs, port, run_dir, deadline, env)
         failure = RankFailure(rank, type(exc).__name__, str(exc), traceback.format_exc(), original, time.time())
         _dump_atomically(failure, run_dir / f"rank{rank}.error")
         code = 1
-    finally:
-        cleanup_distributed()
-        faulthandler.cancel_dump_traceback_later()
-    sys.exit(code)  # multiprocessing runs its finalizers (e.g. releases tqdm's lock), then exits
+    faulthandler.cancel_dump_traceback_later()
+    # Leave without tearing native state down (the process group, gloo's threads, torch's
+    # static objects): every result is out, and ranks were seen to abort (SIGABRT) in
+    # that teardown after finishing their work, while their peers closed connections.
+    # multiprocessing still runs its finalizers (joins children, releases tqdm's lock):
+    # sys.exit returns through them, then Python's exit calls this first atexit hook.
+    atexit.register(_exit_now, code)
+    sys.exit(code)
+
+
+def _exit_now(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream has nothing left to write
+            pass
+    os._exit(code)
 
 
 # ------------------------------------------------------------ command lines
@@ -300,11 +429,14 @@ def run_or_join(fn: Callable[..., Any], nproc: int, args: tuple = (), *, timeout
     `nproc` ranks on this machine with `run_world`.
     """
     if "RANK" in os.environ:
+        import torch.distributed as dist
+
         from .distributed import cleanup_distributed, init_distributed
 
         info = init_distributed()
         try:
             result = fn(*args)
+            dist.barrier()  # as in run_world: no rank tears the group down while a peer still works
         finally:
             cleanup_distributed()
         return result if info.is_main else None

@@ -7,9 +7,12 @@ Each of p ranks holds a full copy of the model and a shard of every global batch
              g   = sum_r n_r * g_r / sum_r n_r              -> all-reduce, every rank
              w  <- optimizer(w, g)                           -> replicas stay identical
 
-so p ranks take exactly the step one process would take on the whole batch B.
+so p ranks take exactly the step one process would take on the whole batch B. The
+trainer fixes the *global* batch (--global-batch-size, split evenly over the ranks), so
+the number of ranks changes the speed, not the training.
 
     python -m solutions.phase1_data_parallel.trainer                 # 2 CPU ranks, digits
+    python -m solutions.phase1_data_parallel.trainer --nproc 4 --scaling   # + 1-rank baseline
     torchrun --standalone --nproc_per_node=2 -m solutions.phase1_data_parallel.trainer
 
 Production: torch.nn.parallel.DistributedDataParallel (bucketed all-reduce overlapped
@@ -19,8 +22,9 @@ with backward) plus torch.utils.data.DistributedSampler.
 from __future__ import annotations
 
 import argparse
+import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -31,6 +35,7 @@ from tqdm import tqdm
 
 from common.data import DATASET_SHAPES, get_dataset
 from common.distributed import current_device
+from common.measure import StepTimes
 from common.models import MODEL_NAMES, build_model
 
 from .sampler import make_loader
@@ -38,28 +43,34 @@ from .sampler import make_loader
 
 def broadcast_parameters(model: nn.Module, src: int = 0) -> None:
     """Make every rank's parameters AND buffers (e.g. BatchNorm statistics) equal to rank `src`'s."""
-    raise NotImplementedError('TODO 1.4: dist.broadcast every tensor of model.parameters() and model.buffers() from src (in place, under torch.no_grad())')
+    raise NotImplementedError("TODO 1.4: afterwards every rank's parameters and buffers equal rank src's, in place and unrecorded by autograd; pointer: dist.broadcast")
 
 
-def sync_gradients(model: nn.Module, local_batch_size: int) -> None:
+def sync_gradients(model: nn.Module, local_batch_size: int, group: dist.ProcessGroup | None = None) -> None:
     """Replace each rank's gradient by the gradient of the mean loss over the global batch.
 
-    With a mean loss on every rank, the global gradient is sum_r n_r * g_r / sum_r n_r.
-    When every n_r is equal this is the plain average of the g_r. A parameter without a
-    gradient counts as a zero gradient, so every rank makes the same collective calls.
+    With a mean loss on every rank, the global gradient is sum_r n_r * g_r / sum_r n_r,
+    summed over the ranks of `group` (default: all ranks). When every n_r is equal this is
+    the plain average of the g_r. A trainable parameter without a gradient (unused in this
+    rank's forward) counts as a zero gradient, so every rank makes the same collective
+    calls. No host synchronisation: the weights stay tensors on the device.
     """
-    raise NotImplementedError('TODO 1.4: all-reduce the global sample count, then for each parameter all-reduce grad * n_r and divide by it')
+    raise NotImplementedError("TODO 1.4: every trainable parameter's .grad becomes the docstring's weighted sum, identical on every rank of group; pointer: ranks do not know each other's n_r")
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor) -> float:
     """One synchronous step on this rank's part of the batch. Returns the global mean loss."""
-    raise NotImplementedError('TODO 1.4: zero_grad, forward, cross-entropy (mean over the local batch), backward, sync_gradients, step; all-reduce loss * n / N for the return value')
+    raise NotImplementedError("TODO 1.4: the optimizer step one process would take on all ranks' batches together (cross-entropy, mean), and that batch's mean loss on every rank; pointer: sync_gradients")
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: DataLoader, device: torch.device) -> float:
-    """Accuracy over the union of all ranks' loaders (not just this rank's share)."""
-    raise NotImplementedError('TODO 1.4: count correct and total on this rank, all-reduce both counts (SUM), return correct / total')
+    """Accuracy over the union of all ranks' loaders (not just this rank's share).
+
+    The shards may differ in size. The model runs in eval mode (BatchNorm uses its running
+    statistics, dropout is off) and is left in the mode it was in.
+    """
+    raise NotImplementedError("TODO 1.4: the docstring's accuracy, the same on every rank; pointer: which per-rank numbers can be summed over ranks?")
 
 
 @dataclass
@@ -68,8 +79,9 @@ class TrainConfig:
     data_root: str | None = None
     model: str = "mlp"
     epochs: int = 5
-    batch_size: int = 32  # per rank
-    lr: float = 0.05
+    global_batch_size: int = 64  # split over the ranks: per-rank batch = global / world size
+    lr: float = 0.05  # for this global batch (linear scaling rule: see guidelines 1.4)
+    warmup_epochs: float = 0.0  # ramp the learning rate linearly from ~0 to lr over these epochs
     momentum: float = 0.9
     seed: int = 0
     progress: bool = True
@@ -88,20 +100,29 @@ def train(config: TrainConfig) -> dict:
     test_set = get_dataset(config.dataset, "test", config.data_root)
     in_shape, num_classes = DATASET_SHAPES[config.dataset]
 
+    if config.global_batch_size % world:
+        raise ValueError(f"--global-batch-size {config.global_batch_size} does not split evenly over {world} ranks: "
+                         f"use a multiple of {world}")
     model = build_model(config.model, in_shape, num_classes, seed=config.seed + rank).to(device)
     broadcast_parameters(model)  # ranks start from different weights on purpose: this fixes it
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
-    loader = make_loader(train_set, config.batch_size, rank, world, seed=config.seed)
+    loader = make_loader(train_set, config.global_batch_size // world, rank, world, seed=config.seed)
+    warmup_steps = max(config.warmup_epochs * len(loader), 1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup_steps))
     test_loader = eval_loader(test_set, 256, rank, world)
 
-    history, start = [], time.perf_counter()
+    history, times, start = [], StepTimes(), time.perf_counter()
     for epoch in range(config.epochs):
         loader.sampler.set_epoch(epoch)
+        model.train()
         bar = tqdm(loader, desc=f"epoch {epoch + 1}/{config.epochs}", disable=rank != 0 or not config.progress, leave=False)
         losses = []
-        for inputs, targets in bar:
-            losses.append(train_step(model, optimizer, inputs.to(device), targets.to(device)))
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        with times.loop():
+            for inputs, targets in bar:
+                with times.step(len(inputs)):
+                    losses.append(train_step(model, optimizer, inputs.to(device), targets.to(device)))
+                schedule.step()
+                bar.set_postfix(loss=f"{losses[-1]:.3f}")
         accuracy = evaluate(model, test_loader, device)
         history.append({"epoch": epoch + 1, "loss": sum(losses) / len(losses), "test_accuracy": accuracy})
         if rank == 0 and config.progress:
@@ -109,7 +130,7 @@ def train(config: TrainConfig) -> dict:
     return {
         "config": asdict(config), "world_size": world, "history": history,
         "test_accuracy": history[-1]["test_accuracy"] if history else evaluate(model, test_loader, device),
-        "seconds": time.perf_counter() - start,
+        "seconds": time.perf_counter() - start, "timing": times.summary(device),
         "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
     }
 
@@ -128,16 +149,32 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, argparse.Nam
     parser.add_argument("--data-root", default=None, help="folder holding CIFAR-10 or ImageNet (see data/README.md)")
     parser.add_argument("--model", default="mlp", choices=MODEL_NAMES)
     parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--global-batch-size", type=int, default=64,
+                        help="samples per step over all ranks (each rank takes global / world size)")
+    parser.add_argument("--lr", type=float, default=0.05, help="for the global batch; scale it with the batch")
+    parser.add_argument("--warmup-epochs", type=float, default=0.0,
+                        help="ramp the learning rate linearly up to --lr over these epochs (for large batches)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scaling", action="store_true",
+                        help="first train on 1 rank, then report the scaling efficiency of --nproc ranks")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before the run is declared hung")
     args = parser.parse_args(argv)
-    if args.nproc < 1 or args.epochs < 1 or args.batch_size < 1 or args.lr <= 0:
-        parser.error("--nproc, --epochs and --batch-size must be >= 1 and --lr > 0")
+    if args.nproc < 1 or args.epochs < 1 or args.global_batch_size < 1 or args.lr <= 0 or args.warmup_epochs < 0:
+        parser.error("--nproc, --epochs and --global-batch-size must be >= 1, --lr > 0 and --warmup-epochs >= 0")
+    if args.scaling and "RANK" in os.environ:
+        parser.error("--scaling starts its own 1-rank baseline: run it without torchrun")
     config = TrainConfig(dataset=args.dataset, data_root=args.data_root, model=args.model, epochs=args.epochs,
-                         batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+                         global_batch_size=args.global_batch_size, lr=args.lr, warmup_epochs=args.warmup_epochs,
+                         seed=args.seed)
     return config, args
+
+
+def describe_timing(summary: dict) -> str:
+    """One line: a step's compute vs communication, and the throughput."""
+    t = summary["timing"]
+    share = t["comm_ms"] / t["step_ms"] if t["step_ms"] > 0 else 0.0
+    return (f"per step: {t['step_ms']:.2f} ms = {t['compute_ms']:.2f} ms compute + {t['comm_ms']:.2f} ms "
+            f"communication ({share:.0%}); {t['samples_per_s']:.0f} samples/s")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -145,10 +182,19 @@ def main(argv: list[str] | None = None) -> None:
 
     config, args = parse_args(argv)
     with exit_on_user_error():
+        baseline = run_or_join(_train_rank, 1, args=(replace(config, progress=False),),
+                               timeout=args.timeout) if args.scaling else None
         summary = run_or_join(_train_rank, args.nproc, args=(config,), timeout=args.timeout)
-    if summary is not None:
-        print(f"test accuracy {summary['test_accuracy']:.2%} after {config.epochs} epochs on "
-              f"{summary['world_size']} ranks ({summary['seconds']:.1f}s)")
+    if summary is None:
+        return
+    print(f"test accuracy {summary['test_accuracy']:.2%} after {config.epochs} epochs on "
+          f"{summary['world_size']} ranks ({summary['seconds']:.1f}s)")
+    print(describe_timing(summary))
+    if baseline is not None:
+        one, many, p = baseline["timing"]["samples_per_s"], summary["timing"]["samples_per_s"], summary["world_size"]
+        print(f"1 rank: test accuracy {baseline['test_accuracy']:.2%}, {describe_timing(baseline)}")
+        print(f"scaling efficiency vs 1 rank (same global batch): {many:.0f} / ({p} x {one:.0f}) samples/s "
+              f"= {many / (p * one):.2f}  (speed-up {many / one:.2f}x on {p} ranks)")
 
 
 if __name__ == "__main__":

@@ -18,8 +18,9 @@ Cost per optimizer step (Psi parameters, fp32 gradients): ONE all-reduce of 4*Ps
 instead of k if every micro-step synced; compute and activation memory are those of a
 micro-batch of m samples.
 
-Production: `with ddp_model.no_sync(): ...` for all but the last micro-batch
-(torch.nn.parallel.DistributedDataParallel); FSDP has the same `no_sync()`.
+Production: `with ddp_model.no_sync(): ...` around the forward AND backward of all but
+the last micro-batch (torch.nn.parallel.DistributedDataParallel decides in forward);
+FSDP has the same `no_sync()`.
 """
 
 from __future__ import annotations
@@ -32,55 +33,54 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from phase1_data_parallel.trainer import sync_gradients
 
-class GradSync:
-    """Hand-made data parallelism for `model`: the phase-1 gradient all-reduce, plus `no_sync()`.
 
-    `backward(loss, local_samples)` is what a DDP model's backward does: compute the
-    gradients, then (unless inside `no_sync()`) replace every rank's `.grad` by the
-    gradient of the mean loss over all ranks' samples. Without an initialised process
-    group (one process) there is nobody to sync with and `sync` does nothing.
+class GradSync(nn.Module):
+    """Hand-made DDP around `module`: phase 1's weighted gradient all-reduce, plus `no_sync()`.
+
+        loss = F.cross_entropy(sync(x), y)       # forward: decides NOW whether to sync
+        sync.backward(loss, local_samples)       # loss.backward(), then the sync if decided
+
+    As in torch's DDP, the decision is taken by the FORWARD, from `require_sync` at that
+    moment (DDP's `_pre_forward`/`_post_forward` read `require_backward_grad_sync` and
+    prepare the reducer): a forward outside `no_sync()` whose backward runs inside it
+    still syncs, a forward inside whose backward runs outside does not. The sync is
+    `self.sync(local_samples)`. Without an initialised process group (one process)
+    there is nobody to sync with and `sync` does nothing.
     """
 
-    def __init__(self, model: nn.Module):
-        self.model = model
-        self.require_sync = True  # DDP calls it require_backward_grad_sync
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+        self.require_sync = True  # DDP: require_backward_grad_sync; no_sync() clears it
+        self.sync_prepared = False  # DDP: reducer.prepare_for_backward(); the last forward's decision
+
+    def forward(self, *inputs, **kwargs):
+        """The wrapped module's forward; records whether the backward of its output syncs."""
+        raise NotImplementedError("TODO 2.1: return the module's output, and record here, for the coming backward, whether it must sync (DDP decides in _post_forward)")
 
     def sync(self, local_samples: int) -> None:
-        """Phase 1's weighted all-reduce: .grad <- sum_r n_r * g_r / sum_r n_r on every rank.
-
-        Costs 1 + (number of parameters) all-reduce calls, 4*Psi bytes of gradient in all.
-        """
-        if not (dist.is_available() and dist.is_initialized()):
-            return
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        total = torch.tensor([float(local_samples)], dtype=torch.float64, device=params[0].device)
-        dist.all_reduce(total)
-        for param in params:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-            param.grad.mul_(local_samples)
-            dist.all_reduce(param.grad)
-            param.grad.div_(total.item())
+        """Phase 1's weighted all-reduce: .grad <- sum_r n_r * g_r / sum_r n_r on every rank."""
+        if dist.is_available() and dist.is_initialized():
+            sync_gradients(self.module, local_samples)
 
     def backward(self, loss: torch.Tensor, local_samples: int) -> None:
-        """loss.backward(), then sync the gradients unless inside `no_sync()`.
+        """loss.backward(), then `self.sync(local_samples)` if the forward that built `loss` decided so.
 
         `local_samples`: this rank's samples in the whole optimizer step (all micro-batches),
         since that is what the accumulated .grad is the mean over.
         """
-        loss.backward()
-        if self.require_sync:
-            self.sync(local_samples)
+        raise NotImplementedError('TODO 2.1: backpropagate; then sync if the forward that built `loss` decided so (its decision, not the current require_sync)')
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Inside this block `backward` only accumulates into .grad, it does not all-reduce.
+        """A forward inside this block prepares no sync: its backward only accumulates into .grad.
 
         On exit (also by an exception) the previous setting comes back, so nested
         `no_sync()` blocks behave like DDP's.
         """
-        raise NotImplementedError('TODO 2.1: remember self.require_sync, set it to False, yield, and restore the remembered value in a finally')
+        raise NotImplementedError('TODO 2.1: clear require_sync for the duration of the block; on every way out, give it back the value it had before')
 
 
 def micro_batches(n: int, micro_batch_size: int) -> list[slice]:
@@ -101,16 +101,18 @@ def global_mean(local_sum: float, local_count: int, device: torch.device) -> flo
     return (stats[0] / stats[1]).item()
 
 
-def accumulation_step(model: nn.Module, sync: GradSync, optimizer: torch.optim.Optimizer,
+def accumulation_step(sync: GradSync, optimizer: torch.optim.Optimizer,
                       inputs: torch.Tensor, targets: torch.Tensor, micro_batch_size: int) -> float:
     """One optimizer step on this rank's local batch, run as micro-batches of `micro_batch_size`.
 
-    inputs (n, ...), targets (n,) class indices; the loss is cross-entropy. Afterwards the
-    parameters equal those of ONE step on the concatenation of every rank's whole local
-    batch (up to float rounding), and exactly one `sync` (gradient all-reduce) happened.
+    `sync` wraps the model (its forward is the model's). inputs (n, ...), targets (n,)
+    class indices; the loss is cross-entropy. Afterwards the parameters equal those of
+    ONE step on the concatenation of every rank's whole local batch (up to float
+    rounding), exactly one `sync` (gradient all-reduce) happened, and at no time were
+    the activations of more than one micro-batch kept for backward.
     Returns the mean loss over all ranks' samples (before the step).
     """
     if len(inputs) != len(targets) or len(inputs) == 0:
         raise ValueError(f"need as many targets as inputs, at least one: got {len(inputs)} inputs, {len(targets)} targets")
     slices = micro_batches(len(inputs), micro_batch_size)
-    raise NotImplementedError('TODO 2.1: zero_grad; for each slice: forward, scale the mean loss by n_i / n, sync.backward(...) inside sync.no_sync() except for the last slice; optimizer.step(); return global_mean(sum of loss_i * n_i, n, device)')
+    raise NotImplementedError('TODO 2.1: the gradient of the mean loss over all n samples (weight micro-batch i by n_i / n), one sync in the step, one micro-batch\'s graph alive at a time; return via global_mean (section 2.1, "Stuck?")')

@@ -9,11 +9,15 @@ stack into k segments and, for each, keeps ONLY its input:
     x0 -[seg 1]-> x1 -[seg 2]-> x2 -[seg 3]-> y   seg 3: re-run it from x2 WITH grad, backprop
     saved: x0, x1, x2   (k checkpoints)           seg 2: re-run it from x1, backprop ...
 
-    peak saved bytes ~ k * (one checkpoint) + n/k * (one block)     minimal at k = sqrt(n)
+    peak saved bytes ~ k * c + (n/k) * A      c: one checkpoint, A: what one block saves
+    minimal at k* = sqrt(n * A / c), capped at n: sqrt(n) for blocks that save as much
+    as their input (c = A), about n (one per layer) for a transformer layer (A >= 16 c)
     compute: one extra forward per step (~ +33%: forward F, backward ~2F)
 
-The exact count for the blocks the tests use is `predicted_saved_bytes`; what autograd
-really saves is measured by `saved_activation_bytes`, through saved_tensors_hooks.
+The re-run must compute the same function as the forward did: same random numbers
+(dropout) and same autocast state (bf16 under torch.autocast, though backward usually
+runs outside it). common/measure.py measures what autograd really saves
+(`saved_activation_bytes`) and predicts it (`predicted_saved_bytes`).
 
 Production: torch.utils.checkpoint.checkpoint(fn, x, use_reentrant=False) and
 torch.utils.checkpoint.checkpoint_sequential(modules, segments, x, use_reentrant=False).
@@ -21,141 +25,47 @@ torch.utils.checkpoint.checkpoint_sequential(modules, segments, x, use_reentrant
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn as nn
-from torch.autograd.graph import saved_tensors_hooks
+
+from common.split import balanced_ranges
 
 
 class CheckpointFunction(torch.autograd.Function):
-    """y = run_function(x), saving only x (and the RNG state) for backward.
+    """y = run_function(x), keeping for backward only x and what it takes to re-run run_function as now.
 
     `CheckpointFunction.apply(run_function, x, *params)`: x is one tensor, run_function
     maps it to one tensor, params are the parameters run_function uses. They are inputs
     of the Function only so that autograd knows the output depends on them (else, when x
     needs no gradient, e.g. the data, the output would need none either and the
-    parameters would never get one); backward returns their gradients.
+    parameters would never get one); backward returns their gradients (None for those
+    that need none, e.g. frozen ones).
+
+    "As now": backward re-runs run_function with the RNG states forward started from
+    (the CPU's and that of every GPU x or params live on: the same dropout masks) and
+    the autocast state forward ran under, and leaves the global RNG streams as it found them.
     """
 
     @staticmethod
     def forward(ctx, run_function: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, *params: torch.Tensor):
-        raise NotImplementedError('TODO 2.3: remember run_function, params and the CPU (and CUDA, if x is on a GPU) RNG state in ctx; ctx.save_for_backward(x); return run_function(x) computed under torch.no_grad()')
+        raise NotImplementedError('TODO 2.3: keep x with ctx.save_for_backward and whatever backward needs to re-run run_function(x) as now (see the class docstring); return run_function(x) computed without building a graph. Pointer: CheckpointFunction.forward in torch/utils/checkpoint.py')
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
-        raise NotImplementedError('TODO 2.3: x = saved input, detached, requires_grad as needed; under torch.random.fork_rng restore the saved RNG state and re-run run_function with torch.enable_grad(); torch.autograd.grad w.r.t. (x, *params) that need it; return (None, grad_x, *grad_params)')
-
-
-def segment_bounds(num_blocks: int, segments: int) -> list[tuple[int, int]]:
-    """[start, end) of `segments` contiguous, non-empty segments of sizes differing by at most one.
-
-    The first num_blocks % segments segments get the extra block: 8 blocks, 3 segments
-    -> [(0, 3), (3, 6), (6, 8)].
-    """
-    if not 1 <= segments <= num_blocks:
-        raise ValueError(f"segments must be between 1 and the number of blocks ({num_blocks}), got {segments}")
-    size, extra = divmod(num_blocks, segments)
-    bounds, start = [], 0
-    for i in range(segments):
-        end = start + size + (1 if i < extra else 0)
-        bounds.append((start, end))
-        start = end
-    return bounds
+        raise NotImplementedError("TODO 2.3: re-run run_function on a detached copy of the saved x, with grad and in forward's RNG and autocast state, leaving the global RNG streams as they were; return None for run_function, then dL/dx and dL/dparam for each input that needs it (ctx.needs_input_grad), None for the others. Pointer: torch.random.fork_rng")
 
 
 def checkpoint_sequential(blocks: Sequence[nn.Module], segments: int, x: torch.Tensor) -> torch.Tensor:
-    """Run blocks[0], blocks[1], ... on x, as `segments` checkpointed segments (see segment_bounds).
+    """Run blocks[0], blocks[1], ... on x, as `segments` checkpointed segments of balanced sizes.
 
     Same output and gradients as running the blocks one after the other; only the input
-    of each segment is kept for backward.
+    of each segment is kept for backward. (The last segment may instead run normally,
+    keeping its activations, as torch's checkpoint_sequential does: backward needs them
+    first, so recomputing them would save nothing.)
     """
     blocks = list(blocks)
-    bounds = segment_bounds(len(blocks), segments)
-    raise NotImplementedError('TODO 2.3: for each (start, end) in bounds: x = CheckpointFunction.apply(nn.Sequential(*blocks[start:end]), x, *its parameters)')
+    ranges = balanced_ranges(len(blocks), segments, "blocks")  # 8 blocks, 3 segments: 0-2, 3-5, 6-7
+    raise NotImplementedError("TODO 2.3: run each range of blocks as one CheckpointFunction, feeding each segment's output to the next (what must the Function receive besides x? see its docstring)")
     return x
-
-
-# ------------------------------------------------------------- measuring memory
-
-
-def saved_activation_bytes(fn: Callable[[], object], exclude: Iterable[torch.Tensor] = ()) -> int:
-    """Peak bytes of the tensors autograd holds for backward while `fn()` runs.
-
-    Call it with a whole training step, e.g. `lambda: model(x).sum().backward()`. Every
-    tensor autograd saves (save_for_backward, and what built-in ops save) passes through
-    the pack hook; it is counted from then until the graph drops it (the unpack side's
-    holder is freed), so the result is the high-water mark over forward AND backward,
-    recomputation included.
-
-    * Each storage counts once, whole: a view and its base, or the ReLU output that the
-      next Linear saves again as its input, are one buffer in memory.
-    * Storages of `exclude` do not count. Pass the model's parameters: Linear saves its
-      weight (to compute the input gradient), but parameters live in memory whether or
-      not anything is saved, so they are not activation memory.
-    * Only what autograd saves is seen: temporaries that die inside forward, gradients,
-      and anything a Function hides in ctx attributes instead of save_for_backward.
-    """
-    excluded = {_storage_key(t) for t in exclude}
-    live: dict[tuple, list] = {}  # storage key -> [bytes, number of saved references]
-    current = peak = 0
-
-    class Holder:
-        def __init__(self, tensor: torch.Tensor, key: tuple | None):
-            self.tensor, self.key = tensor, key
-
-        def __del__(self):
-            nonlocal current
-            if self.key is not None:
-                entry = live[self.key]
-                entry[1] -= 1
-                if entry[1] == 0:
-                    current -= entry[0]
-                    del live[self.key]
-
-    def pack(tensor: torch.Tensor) -> Holder:
-        nonlocal current, peak
-        key = _storage_key(tensor)
-        if key is None or key in excluded:
-            return Holder(tensor, None)
-        if key not in live:
-            live[key] = [tensor.untyped_storage().nbytes(), 0]
-            current += live[key][0]
-            peak = max(peak, current)
-        live[key][1] += 1
-        return Holder(tensor, key)
-
-    def unpack(holder: Holder) -> torch.Tensor:
-        return holder.tensor
-
-    with saved_tensors_hooks(pack, unpack):
-        fn()
-    return peak
-
-
-def _storage_key(tensor: torch.Tensor) -> tuple | None:
-    try:
-        storage = tensor.untyped_storage()
-    except (RuntimeError, NotImplementedError):  # e.g. tensor subclasses without storage
-        return None
-    return (str(tensor.device), storage.data_ptr())
-
-
-def predicted_saved_bytes(num_blocks: int, segments: int | None, boundary_bytes: int, block_bytes: int) -> int:
-    """Peak saved bytes for num_blocks identical blocks, checkpointed in `segments` (None: not checkpointed).
-
-    Assumes, as for Linear -> ReLU blocks, that a block saves `block_bytes` besides its
-    input, its own output among them, and that its input is the tensor the previous
-    block saved as its output (or the stack's input: `boundary_bytes`).
-
-    Not checkpointed: the input plus every block:     boundary + n * block.
-    k segments: segment j's backward re-runs its m_j blocks while checkpoints 1..j are
-    still held (later ones were freed by their own backward):
-
-        peak = max over j of (j * boundary + m_j * block)  =  (k + n/k) * a   when n % k == 0
-                                                              and boundary = block = a
-    """
-    if segments is None:
-        return boundary_bytes + num_blocks * block_bytes
-    bounds = segment_bounds(num_blocks, segments)
-    return max(j * boundary_bytes + (end - start) * block_bytes for j, (start, end) in enumerate(bounds, start=1))

@@ -3,7 +3,7 @@
     parameters (fp32, "master weights") --autocast casts per op--> bf16/fp16 matmuls
     loss (fp32) * S --backward--> grads of fp32 params (fp32), all multiplied by S
                                   |
-    unscale_:  grads /= S ; found_inf = any grad inf/nan  (agreed by all ranks: MAX)
+    unscale_:  grads /= S ; found_inf = any grad inf/nan  (agreed by all ranks: all-reduce)
     step:      found_inf ? skip : optimizer.step()
     update:    found_inf ? S *= backoff, good = 0
                          : good += 1; good == growth_interval ? S *= growth, good = 0
@@ -35,11 +35,14 @@ import torch.nn.functional as F
 def autocast_dtype(device: torch.device | str) -> torch.dtype:
     """The low-precision dtype for torch.autocast on `device`.
 
-    CUDA: bfloat16 where the GPU supports it (Ampere and newer), else float16 (which
-    needs a loss scaler). Every other device (CPU, ...): bfloat16.
+    CUDA: bfloat16 where THAT GPU (`device`'s index; the current device for a bare
+    "cuda") computes in bf16 natively, i.e. compute capability >= 8.0 (Ampere and
+    newer); float16 (which needs a loss scaler) before. Every other device (CPU, ...):
+    bfloat16. Note: torch.cuda.is_bf16_supported() also says True where bf16 is only
+    emulated (slowly) on an older GPU; only `including_emulation=False` asks for native.
     """
     device = torch.device(device)
-    raise NotImplementedError('TODO 2.2: bf16 unless device.type == "cuda" and not torch.cuda.is_bf16_supported(), then fp16')
+    raise NotImplementedError('TODO 2.2: fp16 on a CUDA device without native bf16 (compute capability < 8: ask the capability of THIS device), else bf16')
 
 
 class LossScaler:
@@ -53,7 +56,8 @@ class LossScaler:
         scaler.update()                     # adjusts the scale; ends the step
 
     In a process group of several ranks the inf/nan check is agreed by all ranks
-    (all-reduce MAX), so they skip the same steps and their replicas stay identical.
+    (one all-reduce: MAX here; torch's ShardedGradScaler uses SUM, since any nonzero
+    count means inf), so they skip the same steps and their replicas stay identical.
     """
 
     def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0,
@@ -73,7 +77,7 @@ class LossScaler:
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """loss * S: its backward gives every gradient multiplied by S."""
-        raise NotImplementedError('TODO 2.2: return the loss multiplied by the current scale')
+        raise NotImplementedError('TODO 2.2: the loss times the current scale')
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide every gradient of `optimizer`'s parameters by S, in place; record found_inf.
@@ -85,14 +89,14 @@ class LossScaler:
             raise RuntimeError("unscale_() was already called since the last update(): gradients would be divided twice")
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         device = grads[0].device if grads else optimizer.param_groups[0]["params"][0].device
-        raise NotImplementedError('TODO 2.2: multiply each grad by 1/S in place; found = 1.0 if any is not finite; all-reduce MAX when the world has > 1 rank; store self._found_inf as a bool')
+        raise NotImplementedError('TODO 2.2: divide the gradients by S in place; self._found_inf becomes a bool, the same on every rank of the process group (see torch.isfinite)')
 
     def step(self, optimizer: torch.optim.Optimizer):
         """optimizer.step() on the unscaled gradients, unless they hold an inf/nan (then skip).
 
         Returns what optimizer.step() returned, None when skipped.
         """
-        raise NotImplementedError('TODO 2.2: unscale_ if not done in this step; return None if found_inf, else optimizer.step()')
+        raise NotImplementedError('TODO 2.2: the gradients are unscaled exactly once per step, and a step with inf/nan is skipped')
 
     def update(self) -> None:
         """Adjust S after the step and start the next step.
@@ -102,7 +106,7 @@ class LossScaler:
         """
         if self._found_inf is None:
             raise RuntimeError("update() before unscale_()/step(): no inf check was recorded in this step")
-        raise NotImplementedError('TODO 2.2: apply the rule above (grow only if the new scale is finite), then reset self._found_inf to None')
+        raise NotImplementedError('TODO 2.2: the rule above (a scale that would become inf does not grow); then start the next step: no inf check recorded')
 
     def state_dict(self) -> dict:
         """What a checkpoint must keep (the keys of GradScaler.state_dict())."""
@@ -122,8 +126,9 @@ def mixed_precision_step(model: nn.Module, optimizer: torch.optim.Optimizer, sca
     """One training step with autocast on `device` (cross-entropy loss), returns the loss.
 
     The parameters stay float32 (autocast casts copies on the fly, per op); the loss is
-    computed in float32 from the low-precision logits. With a scaler: scaled backward,
-    scaler.step, scaler.update. scaler=None (fine for bf16): plain backward and step.
+    computed in float32 from the low-precision logits. The gradients are this batch's
+    only. With a scaler: scaled backward, scaler.step, scaler.update (any object with
+    GradScaler's API). scaler=None (fine for bf16): plain backward and step.
     """
     device = torch.device(device)
-    raise NotImplementedError('TODO 2.2: zero_grad; forward under torch.autocast(device.type, dtype=autocast_dtype(device)); cross-entropy of logits.float() outside it; backward/step through the scaler (or plainly if None); update')
+    raise NotImplementedError('TODO 2.2: one step as the docstring says: the forward autocast to autocast_dtype(device), the loss in float32 (section 2.2, "Stuck?")')

@@ -19,20 +19,22 @@ With F and B one time unit each, both take 2(m+p-1) units for 2m of work per sta
     bubble = idle / all slots = (p-1) / (m+p-1)        -> 0 as m grows
 
 They differ in memory: a stage keeps a micro-batch's activations from its F to its B.
-GPipe holds all m at once; 1F1B at most p - s (stage s), whatever m is.
+GPipe holds all m at once; 1F1B at most p - s (stage s), whatever m is, provided the
+executor lets a micro-batch go after its B: its activations, and the messages it sent
+(a sent tensor lives until its delivery is waited for).
 
 Dependencies (what the time grid respects): F(s, j) after F(s-1, j); B(s, j) after
 B(s+1, j) and after F(s, j). Messages between neighbours are matched in order, so
 neighbouring stages must run their forwards (and their backwards) in the same
 micro-batch order.
 
-Production: torch.distributed.pipelining (PipelineStage, ScheduleGPipe, Schedule1F1B,
-ScheduleInterleaved1F1B, zero-bubble schedules), Megatron-LM and DeepSpeed pipelines.
+Production: torch.distributed.pipelining (torch >= 2.4: PipelineStage, ScheduleGPipe,
+Schedule1F1B, ScheduleInterleaved1F1B; zero-bubble schedules in later versions, see
+guidelines 2.6), Megatron-LM and DeepSpeed pipelines.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import torch
@@ -71,7 +73,7 @@ def gpipe_schedule(num_stages: int, num_microbatches: int) -> Schedule:
     uses, is just as correct and gives the same bubble and memory.)
     Raises ValueError unless both arguments are integers >= 1.
     """
-    raise NotImplementedError('TODO 2.6: _check_settings, then per stage [("F", j) for j in 0..m-1] + [("B", j) for j from m-1 down to 0]')
+    raise NotImplementedError('TODO 2.6: validate with _check_settings; every stage runs all forwards, then all backwards in reverse order (the GPipe picture in the module docstring)')
 
 
 def one_f_one_b_schedule(num_stages: int, num_microbatches: int) -> Schedule:
@@ -83,7 +85,7 @@ def one_f_one_b_schedule(num_stages: int, num_microbatches: int) -> Schedule:
     (torch's Schedule1F1B rejects m < p, since 1F1B then saves no memory.)
     Raises ValueError unless both arguments are integers >= 1.
     """
-    raise NotImplementedError('TODO 2.6: _check_settings; per stage s: warm-up w = min(p-s-1, m) forwards, then for j in range(m-w): F(w+j), B(j); then B(m-w)..B(m-1)')
+    raise NotImplementedError('TODO 2.6: validate with _check_settings; each stage\'s list as the docstring says: warm-up, one F one B, drain (the 1F1B picture in the module docstring; guidelines 2.6, "Stuck?")')
 
 
 def time_grid(schedule: Schedule) -> Grid:
@@ -94,17 +96,17 @@ def time_grid(schedule: Schedule) -> Grid:
     Returns grid[t][s] = the action stage s runs at step t, or None (idle). Raises
     ValueError if the actions are malformed or the schedule deadlocks (no stage can move).
     """
-    raise NotImplementedError('TODO 2.6: _check_actions per stage; then step t = 0, 1, ...: each stage runs its next action if its dependencies are done (at steps < t); nothing runnable and work left -> ValueError')
+    raise NotImplementedError('TODO 2.6: validate each stage with _check_actions, then simulate the clock the docstring describes, one step at a time; ValueError when no stage can move but work remains (guidelines 2.6, "Stuck?")')
 
 
 def bubble_fraction(grid: Grid) -> float:
     """Idle slots / all slots (time steps x stages) of a time grid."""
-    raise NotImplementedError('TODO 2.6: count the None cells and divide by len(grid) * number of stages')
+    raise NotImplementedError('TODO 2.6: the share of idle cells (None) among all cells of the grid')
 
 
 def max_in_flight(actions: list[Action]) -> int:
     """Largest number of micro-batches whose F has run and whose B has not, over one stage's actions."""
-    raise NotImplementedError('TODO 2.6: running count: +1 on F, -1 on B; return its maximum')
+    raise NotImplementedError('TODO 2.6: the high-water mark of forwards not yet matched by their backward, walking the list in order')
 
 
 def split_microbatches(batch: torch.Tensor, num_microbatches: int) -> list[torch.Tensor]:
@@ -113,63 +115,22 @@ def split_microbatches(batch: torch.Tensor, num_microbatches: int) -> list[torch
     Equal sizes make the mean of the micro-batch mean losses equal the batch mean loss;
     raises ValueError if len(batch) is not divisible by num_microbatches.
     """
-    raise NotImplementedError('TODO 2.6: ValueError unless num_microbatches >= 1 divides len(batch); then list(batch.chunk(num_microbatches))')
+    raise NotImplementedError('TODO 2.6: ValueError unless num_microbatches is an integer >= 1 that divides len(batch); then m equal consecutive views along dim 0 (torch.Tensor.chunk)')
 
 
 def run_pipeline(actions: list[Action], stage: PipelineStage, microbatch_inputs: list[torch.Tensor] | None,
                  microbatch_targets: list[torch.Tensor] | None,
-                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                 trace: list | None = None) -> torch.Tensor | None:
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor | None:
     """Run this stage's `actions` (its row of a schedule); every rank calls it with its own row.
 
     microbatch_inputs: the m input micro-batches on the first stage (None elsewhere);
     microbatch_targets: the m target micro-batches on the last stage (None elsewhere).
     Each micro-batch's loss is divided by m before its backward, so the gradients
     accumulated in .grad equal those of the mean loss over the whole batch.
-    trace: if a list, one (kind, microbatch, start, end) tuple per action is appended,
-    with time.perf_counter() around the computation only (waits excluded).
+    Sends leave before the next computation (the neighbour never starves), and what a
+    micro-batch needs is let go once its backward is done and its messages delivered:
+    a stage holds the micro-batches in flight, as the schedule says (max_in_flight), not m.
     Returns the batch loss (mean over micro-batches, detached) on the last stage, None elsewhere.
     """
     num_microbatches = _check_actions(actions, f"stage {stage.stage_id}")
-    raise NotImplementedError('TODO 2.6: F: input from microbatch_inputs or box.recv_activation; box.post(); forward; last: keep loss/m, else send_activation. B: recv grad unless last; box.post(); backward; send x.grad back unless first. Then flush')
-
-
-def render_timeline(grid: Grid) -> str:
-    """Text picture: one row per stage, one column per time step, '..' when idle.
-
-        stage 0 | F0 F1 .. B1 B0
-    """
-    if not grid:
-        return ""
-    labels = [[f"{a[0]}{a[1]}" if a else ".." for a in row] for row in grid]
-    width = max(len(label) for row in labels for label in row)
-    lines = []
-    for s in range(len(grid[0])):
-        lines.append(f"stage {s} | " + " ".join(row[s].ljust(width) for row in labels).rstrip())
-    return "\n".join(lines)
-
-
-def save_timeline_png(grids: dict[str, Grid], path: str) -> bool:
-    """Draw the grids (title -> grid) as coloured Gantt charts; False if matplotlib is missing."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, axes = plt.subplots(len(grids), 1, figsize=(10, 1.2 + 0.5 * sum(len(g[0]) for g in grids.values())),
-                             squeeze=False)
-    for ax, (title, grid) in zip(axes[:, 0], grids.items()):
-        for t, row in enumerate(grid):
-            for s, action in enumerate(row):
-                if action is not None:
-                    color = "tab:blue" if action[0] == "F" else "tab:orange"
-                    ax.barh(s, 1, left=t, color=color, edgecolor="white")
-                    ax.text(t + 0.5, s, f"{action[0]}{action[1]}", ha="center", va="center", color="white", fontsize=7)
-        ax.set(title=f"{title}: bubble {bubble_fraction(grid):.0%}", xlabel="time step", ylabel="stage")
-        ax.set_yticks(range(len(grid[0])))
-        ax.invert_yaxis()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    raise NotImplementedError('TODO 2.6: walk the actions with 2.5\'s Mailbox: receive what an action needs, post the queued sends before computing, compute, queue its sends; wait for each send\'s Delivery once it is sure to have arrived so nothing outlives its micro-batch; flush at the end (guidelines 2.6, "Stuck?")')

@@ -1,7 +1,8 @@
 """Exercise 2.7: tensor parallelism, Megatron style.
 
-Every weight matrix of a block is split across the p ranks of the default process
-group (p = the tensor-parallel degree); every rank sees the same full batch. For one
+Every weight matrix of a block is split across the p ranks of a tensor-parallel process
+group (`group=`, the default process group when None; p = its size, the tensor-parallel
+degree); every rank of the group sees the same full batch. For one
 linear layer Y = X A  (X: (b*s, h_in), A: (h_in, h_out); nn.Linear stores W = A^T):
 
     column-parallel  A = [A_1 | A_2 | ... | A_p]     Y_r = X A_r            no communication
@@ -40,9 +41,9 @@ import torch.nn.functional as F
 from common.distributed import current_device
 
 
-def _tp() -> tuple[int, int]:
-    """(rank, world size) of the tensor-parallel group: the default process group here."""
-    return dist.get_rank(), dist.get_world_size()
+def _tp(group: dist.ProcessGroup | None = None) -> tuple[int, int]:
+    """(this rank's index in the tensor-parallel group, its size); None is the default group."""
+    return dist.get_rank(group), dist.get_world_size(group)
 
 
 def _per_rank(n: int, world: int, what: str) -> int:
@@ -54,7 +55,8 @@ def _per_rank(n: int, world: int, what: str) -> int:
 # ------------------------------------------------------------------ f, g and friends
 # Inside the "tensor-parallel region" each rank holds a shard; outside it every rank
 # holds the same full tensor. Each operator below is an autograd.Function whose
-# backward is the conjugate of its forward.
+# backward is the conjugate of its forward; `Op.apply(x, group)` communicates within
+# `group` (None: the default group), and backward returns (gradient of x, None).
 
 
 class CopyToTensorParallelRegion(torch.autograd.Function):
@@ -62,12 +64,12 @@ class CopyToTensorParallelRegion(torch.autograd.Function):
     Backward: all-reduce, since X feeds all p shards: dL/dX = sum_r dL_r/dX."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError('TODO 2.7: identity: return x as it is')
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+        raise NotImplementedError('TODO 2.7: x unchanged; backward will need the group (ctx is the place to keep it)')
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError('TODO 2.7: sum the gradient over ranks: dist.all_reduce a contiguous copy of grad, return it')
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        raise NotImplementedError('TODO 2.7: (dL/dx summed over the ranks of the group, None); leave grad itself unmodified (guidelines 2.7, "f and g")')
 
 
 class ReduceFromTensorParallelRegion(torch.autograd.Function):
@@ -75,12 +77,12 @@ class ReduceFromTensorParallelRegion(torch.autograd.Function):
     Backward: identity (each partial sum X_r A_r gets the full upstream gradient)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError('TODO 2.7: dist.all_reduce a contiguous copy of x (the partial sums) and return it')
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+        raise NotImplementedError('TODO 2.7: the sum of x over the ranks of the group, in a new tensor (x itself unmodified)')
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError('TODO 2.7: identity: return grad as it is')
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        raise NotImplementedError('TODO 2.7: (the upstream gradient unchanged, None): d(sum)/d(partial) is the identity')
 
 
 class GatherFromTensorParallelRegion(torch.autograd.Function):
@@ -88,12 +90,12 @@ class GatherFromTensorParallelRegion(torch.autograd.Function):
     order, (..., n) -> (..., n*p); backward keeps this rank's slice of the gradient."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError('TODO 2.7: dist.all_gather into p empty_like buffers (x made contiguous), torch.cat along dim -1')
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+        raise NotImplementedError("TODO 2.7: every rank's x side by side along the last dim, in rank order of the group (the gloo note in the guidelines)")
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError("TODO 2.7: this rank's slice of the last dim: grad.chunk(world, dim=-1)[rank], contiguous")
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        raise NotImplementedError("TODO 2.7: (the part of grad that forward took from this rank's x, None); no communication")
 
 
 class ScatterToTensorParallelRegion(torch.autograd.Function):
@@ -101,12 +103,12 @@ class ScatterToTensorParallelRegion(torch.autograd.Function):
     last dim, (..., n*p) -> (..., n), no communication; backward all-gathers the gradient."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError("TODO 2.7: this rank's slice of the last dim: x.chunk(world, dim=-1)[rank], contiguous")
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+        raise NotImplementedError("TODO 2.7: this rank's n = x.shape[-1] / p columns of x, p = the group's size; no communication")
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError('TODO 2.7: dist.all_gather the gradient slices (contiguous) and torch.cat them along dim -1')
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        raise NotImplementedError("TODO 2.7: (the gradient of the full x: every rank's grad side by side along the last dim, None)")
 
 
 # ----------------------------------------------------------------- parallel linears
@@ -115,16 +117,18 @@ class ScatterToTensorParallelRegion(torch.autograd.Function):
 class ColumnParallelLinear(nn.Module):
     """nn.Linear(in_features, out_features) with the weight W (out, in) split along out.
 
-    Rank r holds rows [r*n, (r+1)*n) of W and of the bias, n = out_features / p.
+    Rank r (its index in `group`, p = the group's size) holds rows [r*n, (r+1)*n) of W
+    and of the bias (if any), n = out_features / p.
     Input (..., in_features), the same full tensor on every rank; it passes through f.
     Output (..., n): this rank's columns of Y, or (..., out_features) on every rank
     with gather_output=True (all-gather; its backward takes this rank's slice).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, gather_output: bool = False,
-                 *, device: torch.device | None = None):
+                 *, device: torch.device | None = None, group: dist.ProcessGroup | None = None):
         super().__init__()
-        _, world = _tp()
+        self.group = group
+        _, world = _tp(group)
         self.in_features, self.out_features, self.gather_output = in_features, out_features, gather_output
         self.out_per_rank = _per_rank(out_features, world, "out_features")
         device = device or current_device()
@@ -138,20 +142,21 @@ class ColumnParallelLinear(nn.Module):
         self.copy_from_full_(nn.Linear(self.in_features, self.out_features, bias=self.bias is not None))
 
     @classmethod
-    def from_full(cls, linear: nn.Linear, gather_output: bool = False) -> ColumnParallelLinear:
-        """This rank's shard of an unsharded nn.Linear (same weights on every rank)."""
+    def from_full(cls, linear: nn.Linear, gather_output: bool = False, *,
+                  group: dist.ProcessGroup | None = None) -> ColumnParallelLinear:
+        """This rank's shard of an unsharded nn.Linear (same weights on every rank of the group)."""
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None, gather_output,
-                    device=linear.weight.device)
+                    device=linear.weight.device, group=group)
         return layer.copy_from_full_(linear)
 
     @torch.no_grad()
     def copy_from_full_(self, linear: nn.Linear) -> ColumnParallelLinear:
         """Overwrite this rank's shard with rows [r*n, (r+1)*n) of linear.weight and linear.bias."""
-        raise NotImplementedError('TODO 2.7: copy rows r*n:(r+1)*n of linear.weight (and of linear.bias) into self.weight (self.bias); n = self.out_per_rank')
+        raise NotImplementedError("TODO 2.7: self.weight (and self.bias, unless bias=False) := this rank's rows of linear's (see the class docstring)")
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError('TODO 2.7: f (CopyToTensorParallelRegion.apply) on x, F.linear with the local shard, then GatherFromTensorParallelRegion.apply if gather_output')
+        raise NotImplementedError("TODO 2.7: (..., in) -> this rank's columns of x W^T + b (all columns if gather_output); x enters the region through f")
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features} ({self.out_per_rank} on this rank), "
@@ -161,17 +166,19 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """nn.Linear(in_features, out_features) with the weight W (out, in) split along in.
 
-    Rank r holds columns [r*n, (r+1)*n) of W, n = in_features / p, and the WHOLE bias
-    (replicated), added once after the all-reduce of the partial sums (g).
+    Rank r (its index in `group`, p = the group's size) holds columns [r*n, (r+1)*n) of W,
+    n = in_features / p, and the WHOLE bias if any (replicated), added once after the
+    all-reduce of the partial sums (g).
     Input (..., n): this rank's slice of X (input_is_parallel=True, e.g. the output of a
     ColumnParallelLinear), or the full (..., in_features), sliced here first.
     Output (..., out_features), the same full tensor on every rank.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, input_is_parallel: bool = True,
-                 *, device: torch.device | None = None):
+                 *, device: torch.device | None = None, group: dist.ProcessGroup | None = None):
         super().__init__()
-        _, world = _tp()
+        self.group = group
+        _, world = _tp(group)
         self.in_features, self.out_features, self.input_is_parallel = in_features, out_features, input_is_parallel
         self.in_per_rank = _per_rank(in_features, world, "in_features")
         device = device or current_device()
@@ -184,20 +191,21 @@ class RowParallelLinear(nn.Module):
         self.copy_from_full_(nn.Linear(self.in_features, self.out_features, bias=self.bias is not None))
 
     @classmethod
-    def from_full(cls, linear: nn.Linear, input_is_parallel: bool = True) -> RowParallelLinear:
-        """This rank's shard of an unsharded nn.Linear (same weights on every rank)."""
+    def from_full(cls, linear: nn.Linear, input_is_parallel: bool = True, *,
+                  group: dist.ProcessGroup | None = None) -> RowParallelLinear:
+        """This rank's shard of an unsharded nn.Linear (same weights on every rank of the group)."""
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None, input_is_parallel,
-                    device=linear.weight.device)
+                    device=linear.weight.device, group=group)
         return layer.copy_from_full_(linear)
 
     @torch.no_grad()
     def copy_from_full_(self, linear: nn.Linear) -> RowParallelLinear:
         """Overwrite this rank's shard with columns [r*n, (r+1)*n) of linear.weight and the whole bias."""
-        raise NotImplementedError('TODO 2.7: copy columns r*n:(r+1)*n of linear.weight into self.weight (n = self.in_per_rank), and ALL of linear.bias into self.bias')
+        raise NotImplementedError("TODO 2.7: self.weight := this rank's columns of linear.weight; self.bias (unless bias=False) := all of linear.bias")
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError('TODO 2.7: if not input_is_parallel, ScatterToTensorParallelRegion.apply(x); partial = F.linear(x, weight) WITHOUT bias; g (ReduceFromTensorParallelRegion.apply); then + bias')
+        raise NotImplementedError('TODO 2.7: -> the full x W^T + b on every rank: the partial sums leave the region through g; mind where the bias goes')
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features} ({self.in_per_rank} on this rank), out_features={self.out_features}, "
@@ -220,17 +228,19 @@ class MLP(nn.Module):
 
 
 class ParallelMLP(nn.Module):
-    """MLP with fc1 column-parallel (no gather) and fc2 row-parallel (input already split):
-    one all-reduce in forward (fc2's g) and one in backward (fc1's f)."""
+    """MLP with fc1 column-parallel (no gather) and fc2 row-parallel (input already split),
+    both over `group` (None: the default group): one all-reduce in forward (fc2's g) and
+    one in backward (fc1's f)."""
 
-    def __init__(self, hidden: int, ffn_hidden: int, *, device: torch.device | None = None):
+    def __init__(self, hidden: int, ffn_hidden: int, *, device: torch.device | None = None,
+                 group: dist.ProcessGroup | None = None):
         super().__init__()
-        self.fc1 = ColumnParallelLinear(hidden, ffn_hidden, gather_output=False, device=device)
-        self.fc2 = RowParallelLinear(ffn_hidden, hidden, input_is_parallel=True, device=device)
+        self.fc1 = ColumnParallelLinear(hidden, ffn_hidden, gather_output=False, device=device, group=group)
+        self.fc2 = RowParallelLinear(ffn_hidden, hidden, input_is_parallel=True, device=device, group=group)
 
     @classmethod
-    def from_full(cls, mlp: MLP) -> ParallelMLP:
-        module = cls(mlp.fc1.in_features, mlp.fc1.out_features, device=mlp.fc1.weight.device)
+    def from_full(cls, mlp: MLP, *, group: dist.ProcessGroup | None = None) -> ParallelMLP:
+        module = cls(mlp.fc1.in_features, mlp.fc1.out_features, device=mlp.fc1.weight.device, group=group)
         return module.copy_from_full_(mlp)
 
     def copy_from_full_(self, mlp: MLP) -> ParallelMLP:
@@ -239,7 +249,7 @@ class ParallelMLP(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError('TODO 2.7: fc1, GELU (element-wise: fine on a column shard), fc2')
+        raise NotImplementedError("TODO 2.7: MLP.forward's computation on the shards (which of its ops can act on a column shard?)")
 
 
 # --------------------------------------------------------------------- attention
@@ -282,16 +292,17 @@ class ParallelSelfAttention(nn.Module):
     One all-reduce in forward (out's g), one in backward (qkv's f).
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, causal: bool = False, *, device: torch.device | None = None):
+    def __init__(self, embed_dim: int, num_heads: int, causal: bool = False, *, device: torch.device | None = None,
+                 group: dist.ProcessGroup | None = None):
         super().__init__()
-        _, world = _tp()
+        _, world = _tp(group)
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} is not a multiple of num_heads={num_heads}")
         self.local_heads = _per_rank(num_heads, world, "num_heads")
         self.embed_dim, self.num_heads, self.causal = embed_dim, num_heads, causal
         self.head_dim = embed_dim // num_heads
-        self.qkv = ColumnParallelLinear(embed_dim, 3 * embed_dim, gather_output=False, device=device)
-        self.out = RowParallelLinear(embed_dim, embed_dim, input_is_parallel=True, device=device)
+        self.qkv = ColumnParallelLinear(embed_dim, 3 * embed_dim, gather_output=False, device=device, group=group)
+        self.out = RowParallelLinear(embed_dim, embed_dim, input_is_parallel=True, device=device, group=group)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -299,16 +310,16 @@ class ParallelSelfAttention(nn.Module):
         self.copy_from_full_(SelfAttention(self.embed_dim, self.num_heads, self.causal))
 
     @classmethod
-    def from_full(cls, attn: SelfAttention) -> ParallelSelfAttention:
-        module = cls(attn.embed_dim, attn.num_heads, attn.causal, device=attn.qkv.weight.device)
+    def from_full(cls, attn: SelfAttention, *, group: dist.ProcessGroup | None = None) -> ParallelSelfAttention:
+        module = cls(attn.embed_dim, attn.num_heads, attn.causal, device=attn.qkv.weight.device, group=group)
         return module.copy_from_full_(attn)
 
     @torch.no_grad()
     def copy_from_full_(self, attn: SelfAttention) -> ParallelSelfAttention:
         """Copy this rank's heads: per-head rows of qkv (see the class docstring), out as a RowParallelLinear."""
-        raise NotImplementedError('TODO 2.7: split attn.qkv.weight (and bias) into W_q, W_k, W_v (E rows each), take chunk r of EACH, torch.cat them into self.qkv; self.out.copy_from_full_(attn.out)')
+        raise NotImplementedError("TODO 2.7: self.qkv := the rows of this rank's heads from EACH of W_q, W_k, W_v (weight and bias; the class docstring's layout); self.out from attn.out")
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(batch, seq, E) -> (batch, seq, E), the same full tensor on every rank."""
-        raise NotImplementedError('TODO 2.7: self.qkv(x) split into q, k, v (local_heads*head_dim each) -> (b, local_heads, s, D); F.scaled_dot_product_attention(is_causal=self.causal); back to (b, s, local_heads*D); self.out')
+        raise NotImplementedError("TODO 2.7: SelfAttention.forward on this rank's self.local_heads heads; self.out finishes with the one all-reduce")

@@ -24,10 +24,34 @@ def diff_report(actual: torch.Tensor, expected: torch.Tensor, what: str,
     a, e = a.double(), e.double()
     if torch.allclose(a, e, rtol=rtol, atol=atol, equal_nan=True):
         return None
-    diff = (a - e).abs()
+    special = _nonfinite_report(a, e, what)
+    if special:
+        return special
+    diff = (a - e).abs().nan_to_num(nan=0.0)  # NaN only where both are NaN, or inf - inf: equal
     i = tuple(int(x) for x in (diff == diff.max()).nonzero()[0])
     return (f"{what}: max abs diff {diff.max().item():.3g} at index {i} "
             f"(got {a[i].item():.6g}, expected {e[i].item():.6g}; tolerance atol={atol:g}, rtol={rtol:g})")
+
+
+def _nonfinite_report(a: torch.Tensor, e: torch.Tensor, what: str) -> str | None:
+    """One line if NaN or inf sit where the other tensor has something else, else None.
+
+    A NaN where a number was expected is what a skipped overflow check produces; the
+    max-difference report cannot locate it (NaN compares false with everything)."""
+    got_nan = a.isnan() & ~e.isnan()
+    lost_nan = e.isnan() & ~a.isnan()
+    inf_wrong = (a.isinf() | e.isinf()) & (a != e) & ~a.isnan() & ~e.isnan()
+    parts = [f"{text} at {int(mask.sum())} of {a.numel()} elements" for mask, text in (
+        (got_nan, "NaN where a number was expected"),
+        (lost_nan, "a number where NaN was expected"),
+        (inf_wrong, "an infinity that differs"),
+    ) if mask.any()]
+    if not parts:
+        return None
+    bad = got_nan | lost_nan | inf_wrong
+    i = tuple(int(x) for x in bad.nonzero()[0])
+    return (f"{what}: {'; '.join(parts)}; first at index {i}: "
+            f"got {a[i].item():.6g}, expected {e[i].item():.6g}")
 
 
 def assert_close(actual, expected, what: str, rtol: float = 1e-5, atol: float = 1e-6) -> None:

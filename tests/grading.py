@@ -8,8 +8,8 @@ Three kinds of implementation can stand behind an exercise:
 
 A test asks for one exercise (`grade("1.2")`) and gets a picklable `ModuleRef` that
 ranks in other processes can load too. Loading a learner's module rebinds whatever it
-imported from *other* exercises' modules to the reference, so one unfinished exercise
-never fails the tests of another.
+imported from *other* exercises' modules (of its own phase or of an earlier one) to the
+reference, so one unfinished exercise never fails the tests of another.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ EXERCISES: dict[str, Exercise] = {
         Exercise("2.5", "Naive model split", "phase2_advanced", "model_split"),
         Exercise("2.6", "Pipeline schedules", "phase2_advanced", "pipeline"),
         Exercise("2.7", "Tensor parallelism", "phase2_advanced", "tensor_parallel"),
+        Exercise("2.8", "Process groups: DP over TP on a 2-D mesh", "phase2_advanced", "mesh"),
     ]
 }
 
@@ -93,7 +94,7 @@ class ModuleRef:
         elif self.kind == "learner":
             package = _learner_package(Path(self.location), ex.phase)
             module = importlib.import_module(f"{package}.{ex.module}")
-            _use_reference_for_other_exercises(module, package, ex.phase)
+            _use_reference_for_other_exercises(module)
         elif self.kind == "file":
             module = _load_file(Path(self.location))
         else:
@@ -128,14 +129,38 @@ def _learner_package(root: Path, phase: str) -> str:
     return name
 
 
-def _use_reference_for_other_exercises(module: ModuleType, package: str, phase: str) -> None:
+_PHASE_MODULE = re.compile(r"^(?:_learner_)?(?P<phase>phase\d+_\w+)(?:\.(?P<module>\w+))?$")
+
+
+def _use_reference_for_other_exercises(module: ModuleType) -> None:
+    """Rebind what `module` imported from any learner phase package to the reference.
+
+    A learner's phase-2 file may import their own phase-1 code (`from
+    phase1_data_parallel.trainer import sync_gradients`) or a sibling exercise (`from
+    .zero import ...`, loaded as `_learner_phase2_advanced.zero`): both become
+    `solutions.<phase>.<module>`, so grading one exercise never runs another's code."""
     own = module.__name__
     for attr, value in list(vars(module).items()):
-        origin = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)
-        if not isinstance(origin, str) or not origin.startswith(package + ".") or origin == own:
+        if isinstance(value, ModuleType):
+            origin = value.__name__
+        elif isinstance(getattr(value, "__name__", None), str):  # functions and classes, not instances
+            origin = getattr(value, "__module__", None)
+        else:
             continue
-        ref_module = importlib.import_module(f"solutions.{phase}.{origin.rsplit('.', 1)[1]}")
-        setattr(module, attr, ref_module if isinstance(value, ModuleType) else getattr(ref_module, value.__name__))
+        match = _PHASE_MODULE.match(origin) if isinstance(origin, str) and origin != own else None
+        if match is None:
+            continue
+        reference_name = f"solutions.{match['phase']}" + (f".{match['module']}" if match["module"] else "")
+        try:
+            ref_module = importlib.import_module(reference_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != reference_name:
+                raise
+            continue  # a module of the learner's own, with no reference counterpart
+        if isinstance(value, ModuleType):
+            setattr(module, attr, ref_module)
+        else:  # a helper the reference lacks stays the learner's
+            setattr(module, attr, getattr(ref_module, value.__name__, value))
 
 
 def _load_file(path: Path) -> ModuleType:
@@ -166,11 +191,33 @@ def todo_of(exc: BaseException | None) -> str | None:
     return None
 
 
+def harness_error_of(exc: BaseException | None) -> str | None:
+    """The message if `exc` (or a world behind it) failed for a reason that is no verdict
+    on the graded code: a rank process died without reporting (killed by a signal, or
+    exited in native code), or the deadline passed before every rank had even reached
+    the code under test (a busy machine). A deadlock of the graded code is not one."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if getattr(exc, "not_started", ()):  # common.launch.WorldTimeout
+            return str(exc).splitlines()[0]
+        failures = getattr(exc, "failures", None)  # common.launch.WorldError
+        if failures:
+            cause = min(failures.values(), key=lambda f: f.when)
+            if cause.exc_type == "ProcessDied":
+                return cause.message
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+# Outcomes of one test: pass, todo (the exercise is not written yet), fail (an assertion,
+# an exception of the graded code, a deadlock) or error (a harness death: see
+# harness_error_of). An error counts against the exercise but is no verdict on its code.
 STATUS_ORDER = ("fail", "todo", "pass")
 
 
 def summarize(outcomes: dict[str, str]) -> list[dict]:
-    """Per-exercise rows from {test nodeid: 'pass'|'fail'|'todo'}."""
+    """Per-exercise rows from {test nodeid: 'pass'|'fail'|'error'|'todo'}."""
     rows: dict[str, dict] = {}
     for nodeid, outcome in outcomes.items():
         ex_id = exercise_of_test(nodeid.rsplit("::", 1)[-1])
@@ -179,12 +226,12 @@ def summarize(outcomes: dict[str, str]) -> list[dict]:
         ex = EXERCISES.get(ex_id)
         row = rows.setdefault(ex_id, {
             "exercise": ex_id, "title": ex.title if ex else "?", "guidelines": ex.guidelines if ex else "",
-            "passed": 0, "failed": 0, "todo": 0,
+            "passed": 0, "failed": 0, "errors": 0, "todo": 0,
         })
-        row[{"pass": "passed", "fail": "failed", "todo": "todo"}[outcome]] += 1
+        row[{"pass": "passed", "fail": "failed", "error": "errors", "todo": "todo"}[outcome]] += 1
     for row in rows.values():
-        row["tests"] = row["passed"] + row["failed"] + row["todo"]
-        row["status"] = "fail" if row["failed"] else "todo" if row["todo"] else "pass"
+        row["tests"] = row["passed"] + row["failed"] + row["errors"] + row["todo"]
+        row["status"] = "fail" if row["failed"] or row["errors"] else "todo" if row["todo"] else "pass"
     return [rows[k] for k in sorted(rows, key=lambda s: tuple(int(p) for p in s.split(".")))]
 
 
@@ -197,6 +244,9 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"{r['exercise']:<9}{status:<8}{r['passed']:>3}/{r['tests']:<3} {r['title']}")
         if r["status"] == "todo":
             lines.append(f"{'':17}  read {r['guidelines']}")
+        if r.get("errors"):
+            lines.append(f"{'':17}  {r['errors']} harness error(s), no verdict on the code (a rank died without "
+                         "reporting, or the world could not start in time): run again")
     done = sum(r["status"] == "pass" for r in rows)
     lines.append(f"{done}/{len(rows)} exercises pass")
     return "\n".join(lines)

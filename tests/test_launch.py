@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
 
+import common.launch
 from common.launch import WorldError, WorldTimeout, run_world
 
 
@@ -40,6 +47,58 @@ def test_a_raising_rank_fails_the_world_with_its_traceback():
     assert not isinstance(info.value, WorldTimeout), "a raising rank must not be reported as a timeout"
 
 
+class _WhoLoads(Dataset):
+    """Item i is (i, pid of the process that loaded it): shows which worker ran."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return torch.tensor(i), torch.tensor(os.getpid())
+
+
+def _shard_loader():
+    indices = list(range(dist.get_rank(), 16, dist.get_world_size()))
+    return DataLoader(torch.utils.data.Subset(_WhoLoads(), indices), batch_size=2, num_workers=2)
+
+
+def _load_with_workers():
+    items, pids = [], set()
+    for values, loaded_by in _shard_loader():
+        items += values.tolist()
+        pids.update(loaded_by.tolist())
+    return items, sorted(pids), os.getpid()
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie, dead but not yet reaped by its new parent, is gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def _gone_soon(pids, within_s: float = 10.0) -> list[int]:
+    """The pids still alive after `within_s` (a killed process needs a moment to be reaped)."""
+    end = time.monotonic() + within_s
+    while time.monotonic() < end and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if _alive(p)]
+
+
+def test_a_rank_can_use_a_loader_with_worker_processes():
+    results = run_world(_load_with_workers, 2, timeout=120)
+    for rank, (items, worker_pids, rank_pid) in enumerate(results):
+        assert items == list(range(rank, 16, 2)), f"rank {rank} loaded {items}"
+        assert len(worker_pids) == 2 and rank_pid not in worker_pids, f"rank {rank}: loaded by {worker_pids}"
+    left = _gone_soon([pid for _, worker_pids, _ in results for pid in worker_pids])
+    assert not left, f"loader workers {left} outlived the world"
+
+
 def _deadlock(pid_dir: str):
     Path(pid_dir, f"{dist.get_rank()}.pid").write_text(str(os.getpid()))
     buffer = torch.zeros(4)
@@ -53,10 +112,101 @@ def test_a_deadlock_reports_every_rank_and_leaves_no_process(tmp_path):
     for rank in (0, 1):
         assert f"rank {rank}: " in message and "test_launch.py:" in message and "in _deadlock" in message, message
     assert "recv" in message, message
-    for pid_file in tmp_path.glob("*.pid"):
-        pid = int(pid_file.read_text())
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)  # the rank's process must be gone
+    pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
+    assert len(pids) == 2 and not _gone_soon(pids), "a rank outlived the world"
+
+
+def _loading_when_peer_raises(pid_dir: str):
+    """Rank 1 holds a loader with two live workers and blocks; then rank 0 raises."""
+    if dist.get_rank() == 1:
+        batches = iter(_shard_loader())
+        workers = {int(next(batches)[1][0]), int(next(batches)[1][0])}  # both workers are up, and stay up
+        Path(pid_dir, "pids").write_text(" ".join(map(str, [os.getpid(), *workers])))
+        dist.barrier()
+        dist.recv(torch.zeros(1), src=0)  # never sent: the parent must kill this rank, and its workers
+    dist.barrier()
+    raise ValueError("rank 0 gives up")
+
+
+def test_a_failing_world_leaves_no_rank_and_no_loader_worker_behind(tmp_path):
+    with pytest.raises(WorldError, match="rank 0 gives up"):
+        run_world(_loading_when_peer_raises, 2, args=(str(tmp_path),), timeout=120)
+    pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
+    assert len(pids) == 3, f"rank 1 and its two loader workers: {pids}"
+    assert not _gone_soon(pids), "rank 1 or one of its loader workers outlived the world"
+
+
+def test_a_world_too_slow_to_start_is_not_called_a_deadlock(monkeypatch):
+    monkeypatch.setattr(common.launch, "START_TIMEOUT_S", 0.2)  # nobody imports torch that fast
+    with pytest.raises(WorldTimeout) as info:
+        run_world(_rank_info, 2, args=(0,), timeout=60)
+    assert info.value.not_started == (0, 1), str(info.value)
+    first_line = str(info.value).splitlines()[0]
+    assert "did not start within" in first_line and "deadlock" not in first_line, first_line
+
+
+def _deliver_then_abort():
+    # Runs when the rank leaves, after its result was delivered: a crash in teardown.
+    multiprocessing.util.Finalize(None, os.abort, exitpriority=100)
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def test_a_rank_that_crashes_after_delivering_its_result_does_not_fail_the_world():
+    with pytest.warns(RuntimeWarning, match=r"rank \d delivered its result, then was killed by signal 6"):
+        results = run_world(_deliver_then_abort, 2, timeout=120)
+    assert results == [[2.0, 2.0, 2.0]] * 2
+
+
+def _die_without_reporting():
+    if dist.get_rank() == 1:
+        os.abort()
+    dist.barrier()
+
+
+def test_a_rank_that_dies_before_reporting_is_named_with_the_signal():
+    with pytest.raises(WorldError) as info:
+        run_world(_die_without_reporting, 2, timeout=120)
+    cause = min(info.value.failures.values(), key=lambda f: f.when)
+    assert cause.exc_type == "ProcessDied" and cause.rank == 1, info.value.failures
+    assert "rank 1 was killed by signal 6 (SIGABRT) before reporting" in str(info.value), str(info.value)
+    assert "in _die_without_reporting" in str(info.value), str(info.value)
+
+
+_ORPHANED_WORLD = """
+import sys
+sys.path[:0] = {paths!r}
+from common.launch import run_world
+from test_launch import _wait_forever_with_workers
+run_world(_wait_forever_with_workers, 2, args=({pid_dir!r},), timeout=300)
+"""
+
+
+def _wait_forever_with_workers(pid_dir: str):
+    rank = dist.get_rank()
+    batches = iter(_shard_loader())
+    workers = {int(next(batches)[1][0]), int(next(batches)[1][0])}  # both workers are up, and stay up
+    Path(pid_dir, f"{rank}.tmp").write_text(" ".join(map(str, [os.getpid(), *workers])))
+    os.replace(Path(pid_dir, f"{rank}.tmp"), Path(pid_dir, f"{rank}.pid"))  # whole, or not there yet
+    dist.recv(torch.zeros(1), src=1 - rank)  # nobody sends
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="POSIX process groups")
+def test_no_process_outlives_a_killed_parent(tmp_path):
+    script = _ORPHANED_WORLD.format(paths=[str(Path(__file__).parent), str(Path(__file__).parent.parent)],
+                                    pid_dir=str(tmp_path))
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        end = time.monotonic() + 240
+        while len(list(tmp_path.glob("*.pid"))) < 2 and time.monotonic() < end and parent.poll() is None:
+            time.sleep(0.2)
+        pids = [int(p) for f in tmp_path.glob("*.pid") for p in f.read_text().split()]
+        assert len(pids) == 6, f"the world did not start: {pids}"
+    finally:
+        parent.send_signal(signal.SIGKILL)  # no finally, no atexit: the ranks are on their own
+        parent.wait()
+    assert not _gone_soon(pids), "a rank or a loader worker outlived its killed parent"
 
 
 def test_two_worlds_at_once_never_collide():

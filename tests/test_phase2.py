@@ -27,6 +27,7 @@ from phase2.test_2_4_zero import *  # noqa: E402,F401,F403
 from phase2.test_2_5_model_split import *  # noqa: E402,F401,F403
 from phase2.test_2_6_pipeline import *  # noqa: E402,F401,F403
 from phase2.test_2_7_tensor_parallel import *  # noqa: E402,F401,F403
+from phase2.test_2_8_mesh import *  # noqa: E402,F401,F403
 
 if __name__ == "__main__":
     sys.exit(grading.learner_main(__file__))

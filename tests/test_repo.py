@@ -91,7 +91,9 @@ def test_allreduce_benchmark_compares_learner_reference_and_torch():
      "--iters", "1", "--repeats", "1"],
     ["benchmarks/zero_memory.py", "--worlds", "2", "--width", "32", "--layers", "2"],
     ["benchmarks/pipeline_bubble.py", "--nproc", "2", "--microbatches", "1,2", "--width", "16", "--repeats", "1"],
-], ids=["activation_memory", "zero_memory", "pipeline_bubble"])
+    ["benchmarks/loss_scaling.py", "--depth", "6", "--width", "32", "--batch", "64", "--scales", "0", "16",
+     "--threads", "1"],
+], ids=["activation_memory", "zero_memory", "pipeline_bubble", "loss_scaling"])
 def test_phase2_benchmarks_run(command):
     proc = _run([sys.executable, *command], timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]

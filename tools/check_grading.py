@@ -4,7 +4,9 @@
    templates pass grades nothing.
 2. Every negative control (tests/negative_controls/phaseN/*.py: the reference with one
    mistake learners make) must be rejected: each test it names in CAUGHT_BY must fail
-   (and not as TODO).
+   by an assertion or an exception of the control's code, not as TODO and not by a
+   harness error (outcome "error": a rank died without reporting, or the world could
+   not even start before its deadline).
 
     python tools/check_grading.py              # all phases
     python tools/check_grading.py --phase 1    # one phase
@@ -44,7 +46,7 @@ def read_control(path: Path) -> dict:
 
 
 def run_pytest(test_file: Path, extra: list[str]) -> dict[str, str]:
-    """Run one pytest session in a subprocess; return {test nodeid: pass|fail|todo}."""
+    """Run one pytest session in a subprocess; return {test nodeid: pass|fail|error|todo}."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "grades.json"
         cmd = [sys.executable, "-m", "pytest", str(test_file), "-q", "--tb=no", "-p", "no:cacheprovider",
@@ -68,15 +70,22 @@ def check_templates(test_file: Path) -> list[str]:
 def check_control(test_file: Path, control: dict) -> str | None:
     names = control["CAUGHT_BY"]
     outcomes = run_pytest(test_file, ["--override", f"{control['EXERCISE']}={control['path']}", "-k", " or ".join(names)])
-    problems = []
+    problems, deaths = [], []
     for name in names:
         results = [v for k, v in outcomes.items() if k.split("::")[-1].split("[")[0] == name]
+        if "error" in results:
+            deaths.append(name)
         if not results:
             problems.append(f"{name} did not run")
+        elif "fail" not in results and "error" in results:
+            problems.append(f"{name} 'rejected' it only by a harness error (a rank died without reporting, "
+                            "or the world could not start in time), not by an assertion: run it again")
         elif "fail" not in results:
             problems.append(f"{name} did not reject it ({', '.join(sorted(set(results)))})")
     verdict = "REJECTED" if not problems else "ACCEPTED"
     print(f"{verdict:9}{control['EXERCISE']} {control['path'].stem}: {control['doc']}")
+    if deaths:
+        print(f"{'':9}harness error, not an assertion, in {', '.join(deaths)}: that does not count as rejecting")
     return f"{control['path'].name}: " + "; ".join(problems) if problems else None
 
 

@@ -14,12 +14,17 @@ and the template gets, at the same indentation,
         raise NotImplementedError("TODO 1.2: one-line hint shown to the learner")
 
 Everything else (imports, signatures, docstrings, helpers) is copied unchanged, so a
-template has exactly the public API of its solution.
+template has exactly the public API of its solution. One exception: an import of another
+phase's reference, `from solutions.phase1_data_parallel.trainer import sync_gradients`,
+becomes `from phase1_data_parallel.trainer import sync_gradients` in the template, so the
+learner's phase-2 code runs on their own phase-1 code (the grader rebinds it to the
+reference, so one exercise is still graded alone).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import re
 import sys
@@ -36,10 +41,35 @@ class MarkerError(ValueError):
     pass
 
 
+_SOLUTIONS_PREFIX = re.compile(r"\bsolutions\.(?=phase\d+_)")
+
+
+def _import_lines_of_solutions(source: str, filename: str) -> set[int]:
+    """Line numbers of the import statements that name a `solutions.phaseN_*` module."""
+    lines = set()
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and _SOLUTIONS_PREFIX.match(node.module or ""):
+            lines.add(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "solutions":
+            raise MarkerError(f"{filename}:{node.lineno}: name the module, `from solutions.phaseN_x.module "
+                              "import name`, so that the template can import the learner's own instead")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if _SOLUTIONS_PREFIX.match(alias.name):
+                    if alias.asname is None:
+                        raise MarkerError(f"{filename}:{node.lineno}: `import {alias.name}` binds the name "
+                                          "`solutions` in the template too; write `from ... import ...` or add `as`")
+                    lines.add(node.lineno)
+    return lines
+
+
 def make_template(source: str, filename: str = "<solution>") -> str:
     """The template text for one solution file's text."""
     out, open_at = [], None
+    rewrite = _import_lines_of_solutions(source, filename)
     for lineno, line in enumerate(source.splitlines(keepends=True), start=1):
+        if lineno in rewrite:  # the learner's own code of that phase, not the reference
+            line = _SOLUTIONS_PREFIX.sub("", line)
         begin, end = BEGIN.match(line), END.match(line)
         if begin:
             if open_at:

@@ -2,12 +2,16 @@
 
 Every function has the contract of `dist.all_reduce(tensor)`: it runs on every rank
 of the default process group, and on return `tensor` (modified in place) holds the
-element-wise SUM (or AVG) of all ranks' tensors. It also returns `tensor`.
+element-wise SUM (or AVG) of all ranks' tensors. It also returns `tensor`. Build it
+from send/recv/isend/irecv, broadcast and all_gather: no collective of torch that
+reduces (all_reduce, reduce, reduce_scatter*), under any name.
 
-                         messages per rank      time (alpha-beta model, n bytes, p ranks)
-  reduce_broadcast       root: 2(p-1)           2(p-1)(alpha + n*beta)     root is the bottleneck
-  gather_sum             p-1 in, p-1 out        (p-1)(alpha + n*beta)      memory: p copies
-  recursive_doubling     log2(p) exchanges      log2(p)(alpha + n*beta)    best for small n
+                         time (alpha-beta model, n bytes, p ranks; see comm_bench.cost_terms)
+  reduce_broadcast       (p-1 + ceil(log2 p))(alpha + n*beta)   p-1 receives in turn at the root,
+                                                                then gloo's binomial-tree broadcast
+  gather_sum             (p-1)(alpha + n*beta)                  ring all-gather; memory: p copies
+  recursive_doubling     log2(p)(alpha + n*beta)                best for small n (+2 steps if p is
+                                                                not a power of two)
 
 Production: `dist.all_reduce(tensor, op=dist.ReduceOp.SUM)`; NCCL picks ring or tree.
 """
@@ -46,7 +50,7 @@ def _exchange(tensor: torch.Tensor, peer: int) -> torch.Tensor:
 def allreduce_reduce_broadcast(tensor: torch.Tensor, op: str = "sum", root: int = 0) -> torch.Tensor:
     """Every rank sends its tensor to `root`, which sums them; root broadcasts the sum."""
     _check(tensor, op)
-    # EXERCISE 1.2: reduce: root receives from every other rank (dist.recv) and adds; others dist.send to root. Then dist.broadcast from root.
+    # EXERCISE 1.2: the root (any rank, not only 0) sums every rank's tensor from point-to-point messages, then every rank gets the root's sum; pointer: dist.recv overwrites its buffer
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank == root:
         incoming = torch.empty_like(tensor)
@@ -64,7 +68,7 @@ def allreduce_reduce_broadcast(tensor: torch.Tensor, op: str = "sum", root: int 
 def allreduce_gather_sum(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     """Every rank gathers every tensor (dist.all_gather) and sums them locally."""
     _check(tensor, op)
-    # EXERCISE 1.2: dist.all_gather into a list of world_size empty_like buffers, then sum them in rank order into tensor (in place)
+    # EXERCISE 1.2: every rank collects every rank's tensor and sums them itself, into `tensor`, bitwise the same on every rank; pointer: dist.all_gather
     gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, tensor)
     tensor.copy_(torch.stack(gathered).sum(dim=0))
@@ -82,7 +86,7 @@ def allreduce_recursive_doubling(tensor: torch.Tensor, op: str = "sum") -> torch
         p = 6, q = 4:   4 -> 0, 5 -> 1 | 0<->1, 2<->3 | 0<->2, 1<->3 | 0 -> 4, 1 -> 5
     """
     _check(tensor, op)
-    # EXERCISE 1.2: fold ranks >= q into rank-q, exchange with rank ^ distance for distance = 1, 2, 4, ... < q (use an isend/recv pair), then send results back to the folded ranks
+    # EXERCISE 1.2: the schedule of the docstring (fold, log2(q) pairwise rounds, unfold); pointer: _exchange swaps tensors with a partner without deadlocking
     rank, world = dist.get_rank(), dist.get_world_size()
     q = 1 << (world.bit_length() - 1)  # largest power of two <= world
     if rank >= q:

@@ -1,6 +1,12 @@
 """Exercise 1.3: measure what communication costs, and fit the alpha-beta model.
 
-    time(n bytes) = alpha + beta * n        alpha: latency (s), 1/beta: bandwidth (B/s)
+One message of n bytes over one link:   t(n) = alpha + beta * n
+    alpha: latency (s)     beta: inverse link bandwidth (s/byte)
+
+A collective made of such messages costs T(n) = a * alpha + b * n * beta, where the
+counts (a, b) depend on the algorithm and the world size p (`cost_terms`). Fitting a
+line T = A + B * n to timings therefore gives A = a * alpha and B = b * beta: the
+*link's* alpha and beta come from dividing by the algorithm's counts (`link_alpha_beta`).
 
 Run it (2 ranks, sizes 1 KiB .. 4 MiB):
 
@@ -13,6 +19,7 @@ print, algbw and busbw, are defined below.
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from typing import Callable
 
@@ -22,6 +29,9 @@ import torch.distributed as dist
 from common.distributed import current_device
 
 from .allreduce import STRATEGIES
+
+# what dist.all_reduce is modelled as: gloo's all-reduce is a ring, and so is NCCL's for large messages
+TORCH_ALL_REDUCE_MODEL = "ring"
 
 
 def time_collective(
@@ -33,22 +43,24 @@ def time_collective(
 ) -> float:
     """Seconds per call of `fn(tensor)`, as seen by the slowest rank. Call on every rank.
 
-    `warmup` untimed calls first (connections, allocations), then a barrier so all ranks
-    start together, then `iters` timed calls. Returns the same value on every rank:
-    the maximum over ranks of (elapsed / iters), because a collective is only as fast
-    as its slowest participant.
+    `warmup` untimed calls first (connections, allocations); then all ranks start the
+    clock together and time `iters` calls. For a CUDA tensor (`tensor.is_cuda`), wait for
+    the device (`torch.cuda.synchronize()`) before reading the clock: CUDA calls return
+    before the work is done. Returns the same value on every rank: the maximum over ranks
+    of (elapsed / iters), because a collective is only as fast as its slowest participant.
     """
     if iters < 1 or warmup < 0:
         raise ValueError(f"need iters >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
-    # EXERCISE 1.3: warmup calls, dist.barrier(), time `iters` calls with `clock`, then take the max over ranks with dist.all_reduce(op=MAX)
+    # EXERCISE 1.3: every rank returns the slowest rank's seconds per timed call (warm-up excluded, ranks start together, device work finished before each clock reading); see the guidelines' five rules
+    wait_for_device = torch.cuda.synchronize if tensor.is_cuda else (lambda: None)
     for _ in range(warmup):
         fn(tensor)
+    wait_for_device()
     dist.barrier()
     start = clock()
     for _ in range(iters):
         fn(tensor)
-    if tensor.is_cuda:
-        torch.cuda.synchronize()
+    wait_for_device()
     per_call = torch.tensor([(clock() - start) / iters], dtype=torch.float64, device=tensor.device)
     dist.all_reduce(per_call, op=dist.ReduceOp.MAX)
     return per_call.item()
@@ -56,18 +68,75 @@ def time_collective(
 
 
 def fit_alpha_beta(sizes_bytes: list[float], seconds: list[float]) -> tuple[float, float]:
-    """Least-squares fit of seconds = alpha + beta * size. Returns (alpha, beta)."""
+    """Fit seconds = alpha + beta * size; returns (alpha, beta).
+
+    Minimises the *relative* residuals sum_i ((alpha + beta * n_i - t_i) / t_i)^2, so a
+    1 KiB message timed in microseconds weighs as much as a 4 MiB one timed in
+    milliseconds: the small sizes determine alpha, the large ones beta. (Plain least
+    squares lets a 1% wobble at the largest size swamp alpha, even make it negative.)
+    """
     if len(sizes_bytes) != len(seconds):
         raise ValueError(f"got {len(sizes_bytes)} sizes but {len(seconds)} timings")
     if len(set(sizes_bytes)) < 2:
         raise ValueError("need timings for at least two different message sizes to fit alpha and beta")
-    # EXERCISE 1.3: solve the least-squares problem [1, n] @ [alpha, beta] = t (torch.linalg.lstsq, or the closed form for a line)
+    if min(seconds) <= 0:
+        raise ValueError(f"timings must be positive, got {min(seconds)}")
+    # EXERCISE 1.3: the (alpha, beta) of the docstring's weighted least squares, computed in float64; pointer: dividing row i of [1, n_i] @ [alpha, beta] = t_i by t_i turns it into ordinary least squares
     n = torch.tensor(sizes_bytes, dtype=torch.float64)
     t = torch.tensor(seconds, dtype=torch.float64)
-    design = torch.stack([torch.ones_like(n), n], dim=1)
-    alpha, beta = torch.linalg.lstsq(design, t.unsqueeze(1)).solution.squeeze(1).tolist()
+    design = torch.stack([torch.ones_like(n), n], dim=1) / t.unsqueeze(1)
+    alpha, beta = torch.linalg.lstsq(design, torch.ones_like(t).unsqueeze(1)).solution.squeeze(1).tolist()
     return alpha, beta
     # END EXERCISE
+
+
+def cost_terms(strategy: str, world_size: int) -> tuple[float, float]:
+    """(a, b) such that an all-reduce of n bytes costs a * alpha + b * n * beta on p ranks.
+
+    `strategy`: a key of STRATEGIES (1.2; reduce_broadcast with gloo's binomial-tree
+    broadcast), "ring" (reduce-scatter + all-gather) or "halving_doubling" (Rabenseifner,
+    p a power of two). (0, 0) for p = 1: nothing is sent.
+    """
+    p = world_size
+    if p < 1:
+        raise ValueError(f"world_size must be >= 1, got {p}")
+    # EXERCISE 1.3: count the latencies (a) and the n-byte transfers (b) on the critical path, as in the table of guidelines section 1.3; ValueError for an unknown strategy
+    if p == 1:
+        return 0.0, 0.0
+    log_p = math.ceil(math.log2(p))
+    q = 1 << (p.bit_length() - 1)  # largest power of two <= p
+    if strategy == "reduce_broadcast":
+        return (p - 1) + log_p, (p - 1) + log_p
+    if strategy == "gather_sum":
+        return p - 1, p - 1
+    if strategy == "recursive_doubling":
+        steps = math.log2(q) + (2 if p > q else 0)
+        return steps, steps
+    if strategy == "ring":
+        return 2 * (p - 1), 2 * (p - 1) / p
+    if strategy == "halving_doubling":
+        return 2 * log_p, 2 * (p - 1) / p
+    raise ValueError(f"no cost model for strategy {strategy!r}")
+    # END EXERCISE
+
+
+def link_alpha_beta(strategy: str, world_size: int, sizes_bytes: list[float],
+                    seconds: list[float]) -> tuple[float, float] | None:
+    """The link's (alpha, beta) behind timings of `strategy`: the fit divided by the
+    strategy's (a, b). None where they cannot be recovered (p = 1: nothing was sent)."""
+    a, b = cost_terms(strategy, world_size)
+    if a == 0 or b == 0:
+        return None
+    alpha, beta = fit_alpha_beta(sizes_bytes, seconds)
+    return alpha / a, beta / b
+
+
+def describe_fit(alpha: float, beta: float) -> str:
+    """'alpha = .. us, 1/beta = .. GB/s', or why the numbers are not a result."""
+    if beta <= 0 or alpha < 0:
+        return (f"unreliable fit ({'beta <= 0' if beta <= 0 else 'alpha < 0'}: the noise is larger than the "
+                "size effect here; raise --iters or the sizes)")
+    return f"alpha = {alpha * 1e6:9.2f} us   1/beta = {1 / beta / 1e9:8.3f} GB/s"
 
 
 def bandwidths(size_bytes: float, seconds: float, world_size: int) -> tuple[float, float]:
@@ -76,7 +145,7 @@ def bandwidths(size_bytes: float, seconds: float, world_size: int) -> tuple[floa
     algbw = size / time. busbw = algbw * 2(p-1)/p: the traffic each link of a ring
     carries, comparable to the hardware's link bandwidth whatever the world size.
     """
-    # EXERCISE 1.3: algbw = size/time; busbw = algbw * 2 * (p - 1) / p
+    # EXERCISE 1.3: the docstring's two numbers; busbw is 0 for a single rank
     algbw = size_bytes / seconds
     return algbw, algbw * 2 * (world_size - 1) / world_size
     # END EXERCISE
@@ -87,14 +156,15 @@ def sweep(sizes_bytes: list[int], iters: int = 10, warmup: int = 2) -> dict[str,
     fns = dict(STRATEGIES, torch_all_reduce=dist.all_reduce)
     results: dict[str, list[float]] = {name: [] for name in fns}
     for size in sizes_bytes:
-        tensor = torch.ones(max(size // 4, 1), dtype=torch.float32, device=current_device())
+        # zeros: the sum of zeros stays zero, however many calls reduce the tensor in place
+        tensor = torch.zeros(max(size // 4, 1), dtype=torch.float32, device=current_device())
         for name, fn in fns.items():
             results[name].append(time_collective(fn, tensor, iters=iters, warmup=warmup))
     return results
 
 
 def format_table(sizes_bytes: list[int], results: dict[str, list[float]], world_size: int) -> str:
-    """Latency and bus bandwidth per size, then the fitted alpha and 1/beta per strategy."""
+    """Latency and bus bandwidth per size, then per strategy the fitted line and the link's alpha, beta."""
     names = list(results)
     lines = [f"{'size':>10} " + " ".join(f"{n:>22}" for n in names)]
     for i, size in enumerate(sizes_bytes):
@@ -103,11 +173,14 @@ def format_table(sizes_bytes: list[int], results: dict[str, list[float]], world_
             t = results[name][i]
             cells.append(f"{t * 1e6:9.1f}us {bandwidths(size, t, world_size)[1] / 1e9:7.3f}GB/s")
         lines.append(f"{size:>10} " + " ".join(f"{c:>22}" for c in cells))
-    lines.append("alpha-beta fit:  time = alpha + beta * bytes")
+    lines.append(f"alpha-beta fit per collective: T = a*alpha + b*bytes*beta, (a, b) from the strategy's "
+                 f"cost model on {world_size} ranks; shown: the link's alpha and 1/beta")
     for name in names:
-        alpha, beta = fit_alpha_beta(sizes_bytes, results[name])
-        bw = f"{1 / beta / 1e9:.3f} GB/s" if beta > 0 else "n/a"
-        lines.append(f"  {name:<20} alpha = {alpha * 1e6:8.1f} us   1/beta = {bw}")
+        model = TORCH_ALL_REDUCE_MODEL if name == "torch_all_reduce" else name
+        link = link_alpha_beta(model, world_size, sizes_bytes, results[name])
+        a, b = cost_terms(model, world_size)
+        text = describe_fit(*link) if link else "n/a (one rank sends nothing)"
+        lines.append(f"  {name:<20} (a={a:g}, b={b:.3g}) {text}")
     return "\n".join(lines)
 
 

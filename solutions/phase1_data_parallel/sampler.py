@@ -1,14 +1,16 @@
 """Exercise 1.1: give every rank its own, disjoint shard of the dataset.
 
-    dataset indices      0 1 2 3 4 5 6 7 8 9            (n = 10, world_size = 3)
-    shuffled (seed+epoch) 7 2 9 0 5 3 8 1 6 4 | 7 2     (padded by wrapping to 12)
-    rank 0 takes [0::3]   7     0     8     4
-    rank 1 takes [1::3]     2     5     1     7
-    rank 2 takes [2::3]       9     3     6     2
+    dataset indices       0 1 2 3 4 5 6 7 8 9             (n = 10, world_size = 3)
+    shuffled (seed+epoch) 4 1 7 5 3 9 0 8 6 2 | 4 1       (seed 0, epoch 0; padded to 12)
+    rank 0 takes [0::3]   4     5     0     2        -> [4, 5, 0, 2]
+    rank 1 takes [1::3]     1     3     8       4    -> [1, 3, 8, 4]
+    rank 2 takes [2::3]       7     9     6       1  -> [7, 9, 6, 1]
 
 Every rank computes the *same* permutation (same seed, same epoch), then keeps every
-world_size-th index starting at its rank. Semantics and output are exactly those of
-torch.utils.data.DistributedSampler, which is what you use in production.
+world_size-th index starting at its rank. The permutation comes from a private
+torch.Generator: the global RNG (torch.manual_seed, dropout, init) is neither read nor
+changed. Semantics and output are exactly those of torch.utils.data.DistributedSampler,
+which is what you use in production (the example above is its real output).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class ShardSampler(Sampler[int]):
         seed: int = 0,
         drop_last: bool = False,
     ) -> None:
-        # EXERCISE 1.1: raise ValueError for num_replicas < 1, rank outside [0, num_replicas), or an empty dataset; then set num_samples (per rank) and total_size (padded or truncated)
+        # EXERCISE 1.1: ValueError (with a clear message) for a bad world size, a rank outside the world or an empty dataset; set num_samples (indices per rank) and total_size (num_samples * num_replicas); pointer: drop_last decides whether n/p rounds up or down
         if not isinstance(num_replicas, int) or num_replicas < 1:
             raise ValueError(f"num_replicas (world size) must be an integer >= 1, got {num_replicas!r}")
         if not isinstance(rank, int) or not 0 <= rank < num_replicas:
@@ -70,7 +72,7 @@ class ShardSampler(Sampler[int]):
         return self.num_samples
 
     def __iter__(self) -> Iterator[int]:
-        # EXERCISE 1.1: same permutation on every rank (torch.randperm with a generator seeded seed+epoch), pad by wrapping or truncate, then take indices[rank::num_replicas]
+        # EXERCISE 1.1: this rank's len(self) indices, in DistributedSampler's order for (seed, epoch), leaving the global RNG untouched; pointer: the module docstring's diagram
         if self.shuffle:
             generator = torch.Generator()
             generator.manual_seed(self.seed + self.epoch)
@@ -103,9 +105,11 @@ def make_loader(
 ) -> DataLoader:
     """A DataLoader over this rank's shard: `batch_size` is per rank, not global.
 
-    Call `loader.sampler.set_epoch(epoch)` at the start of every epoch.
+    `shuffle`, `seed` and `drop_last` mean what they mean for ShardSampler (drop_last
+    trims the dataset so that the shards are equal; the loader still yields its last
+    partial batch). Call `loader.sampler.set_epoch(epoch)` at the start of every epoch.
     """
-    # EXERCISE 1.1: build a ShardSampler for this rank and hand it to a DataLoader (sampler=..., not shuffle=True)
+    # EXERCISE 1.1: a DataLoader that yields this rank's shard (as ShardSampler(shuffle, seed, drop_last) orders it) in batches of batch_size; pointer: DataLoader's sampler argument
     sampler = ShardSampler(dataset, world_size, rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler)
     # END EXERCISE

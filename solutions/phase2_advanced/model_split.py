@@ -19,14 +19,15 @@ Autograd does not cross processes, so the two halves of every cut are glued by h
     which continues the chain rule into its own layers.
 
 Shapes. A receiver must allocate the buffer before `recv`, but only the sender knows
-the activation's shape (it depends on the layers and the batch). So every activation
-is preceded by a small fixed-size int64 header [dtype code, ndim, dim0, ..., dim7].
-Gradients need no header: dL/da_s has the shape of a_s, which its receiver sent.
+the activation's dtype and shape (they depend on the layers and the batch: (b, h) for
+an MLP, (b, c, h, w) for CNN features). So every activation is preceded by a small
+fixed-size int64 header [dtype code, ndim, dim0, ..., dim7]. Gradients need none:
+dL/da_s has the dtype and shape of a_s, which its receiver sent.
 (Production code infers the shapes once, at start-up, instead of per message.)
 
-Messages. `Mailbox` queues sends and posts them together with the next receive (one
-NCCL group on GPUs, where a send may wait for its matching receive; plain isend/recv
-with gloo). Messages between two ranks are matched in the order they are posted.
+Messages. `Mailbox` queues sends and posts them together with the next receive, as
+one dist.batch_isend_irecv (one NCCL group on GPUs). Messages between two ranks are
+matched in the order they are posted.
 
 Cost per step: p compute phases in sequence, plus 2(p-1) activation/gradient
 transfers of B x hidden floats each (alpha + n*beta, see 1.3). Pipelining (2.6) keeps
@@ -44,35 +45,15 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from common.split import balanced_ranges
+
 MAX_DIMS = 8
 HEADER_LEN = 2 + MAX_DIMS  # [dtype code, ndim, dim0, ..., dim7]
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)  # dtype code = index
 
 
-def partition(num_layers: int, num_stages: int) -> list[range]:
-    """Cut layers 0..num_layers-1 into num_stages contiguous, non-empty, balanced ranges.
-
-    Sizes differ by at most one (the first num_layers % num_stages stages get one more):
-    partition(8, 3) == [range(0, 3), range(3, 6), range(6, 8)].
-    Raises ValueError if num_stages < 1 or num_layers < num_stages (a stage would be empty).
-    """
-    # EXERCISE 2.5: validate (ValueError), then sizes num_layers // num_stages, +1 for the first num_layers % num_stages stages; consecutive ranges
-    if num_stages < 1:
-        raise ValueError(f"num_stages must be >= 1, got {num_stages}")
-    if num_layers < num_stages:
-        raise ValueError(f"cannot cut {num_layers} layers into {num_stages} non-empty stages: use at most {num_layers} stages")
-    base, extra = divmod(num_layers, num_stages)
-    ranges, start = [], 0
-    for stage in range(num_stages):
-        size = base + (1 if stage < extra else 0)
-        ranges.append(range(start, start + size))
-        start += size
-    return ranges
-    # END EXERCISE
-
-
 class PipelineStage(nn.Module):
-    """Stage `stage_id` of `num_stages`: the layers partition(len(layers), num_stages)[stage_id].
+    """Stage `stage_id` of `num_stages`: the layers balanced_ranges(len(layers), num_stages)[stage_id].
 
     Runs on rank stage_id of the default process group; its neighbours are ranks
     stage_id - 1 (sends it activations) and stage_id + 1 (sends it gradients).
@@ -88,7 +69,7 @@ class PipelineStage(nn.Module):
         if not 0 <= stage_id < num_stages:
             raise ValueError(f"stage_id must be in [0, {num_stages}), got {stage_id}")
         self.stage_id, self.num_stages = stage_id, num_stages
-        self.layer_range = partition(len(layers), num_stages)[stage_id]
+        self.layer_range = balanced_ranges(len(layers), num_stages, "layers")[stage_id]
         self.layers = nn.Sequential(*(layers[i] for i in self.layer_range))
         self._device = torch.device(device) if device is not None else None
         if device is not None:
@@ -120,70 +101,116 @@ class PipelineStage(nn.Module):
         return self.layers(x)
 
 
+class Delivery:
+    """Receipt of one send queued in a `Mailbox`.
+
+    `wait()` returns once the message was delivered, and lets go of it: until then the
+    mailbox holds the tensor (it must: the transfer reads it), so a sender that never
+    waits keeps every tensor it sent alive until `Mailbox.flush()`. Messages to one rank
+    arrive in order, so waiting for one also releases every earlier message to that rank.
+    """
+
+    def __init__(self, box: "Mailbox", dst: int):
+        self._box, self.dst = box, dst
+        self._works: list | None = None  # None while queued; [] once released
+
+    def wait(self) -> None:
+        self._box._release(self)
+
+
 class Mailbox:
     """Point-to-point messages of one rank, matched with the peer's in posting order.
 
-    `send` only queues. Queued sends are posted together with the next `recv`, or by
-    `post()` (call it before computing when the step has nothing to receive: a queued
-    send must not wait for a later step, or the next stage starves), and `flush()`
-    waits until all were delivered. Why queue: on NCCL a send may block until its
-    receive is posted, so two neighbours that each "send, then receive" deadlock
-    unless each posts both as one group (dist.batch_isend_irecv). On gloo,
-    batch_isend_irecv can hang, and isend returns at once, so sends are plain isends
-    whose Work is kept until `flush` (a dropped isend Work can leave its peer waiting forever).
+    `send` only queues (and returns a `Delivery`). Queued sends are posted together with
+    the next `recv`, or by `post()` (call it before computing when the step has nothing
+    to receive: a queued send must not wait for a later step, or the next stage starves);
+    `flush()` waits until all were delivered.
+
+    Why queue: on NCCL a send may block until its receive is posted, so two neighbours
+    that each "send, then receive" deadlock unless each posts both as one group. So every
+    post is one `dist.batch_isend_irecv` (what torch.distributed.pipelining and Megatron
+    do), on gloo as on NCCL: the code the tests run on CPUs is the code GPUs run.
+    Every Work it returns is kept until waited: a send whose Work is dropped unwaited
+    can leave its peer waiting forever (gloo, torch 2.15; see guidelines 2.5).
     On NCCL, batch_isend_irecv must not be the group's first collective unless every
     rank joins it: run e.g. dist.barrier() once after init_process_group.
     """
 
     def __init__(self):
-        self._queued: list[dist.P2POp] = []
-        self._in_flight: list = []  # Works (they hold their tensors) of posted sends
+        self._queued: list[tuple[dist.P2POp, Delivery]] = []
+        self._posted: list[Delivery] = []  # posted and not yet released, in posting order
 
-    def send(self, tensor: torch.Tensor, dst: int) -> None:
-        self._queued.append(dist.P2POp(dist.isend, tensor.contiguous(), dst))
+    def send(self, tensor: torch.Tensor, dst: int) -> Delivery:
+        """Queue `tensor` for rank `dst`; the Delivery says when it arrived."""
+        delivery = Delivery(self, dst)
+        self._queued.append((dist.P2POp(dist.isend, tensor.contiguous(), dst), delivery))
+        return delivery
+
+    def _start(self, receive: dist.P2POp | None = None) -> list:
+        """Post the queued sends (and `receive`) as one batch; return the Works of `receive`."""
+        queued, self._queued = self._queued, []
+        ops = [op for op, _ in queued] + ([receive] if receive is not None else [])
+        if not ops:
+            return []
+        works = dist.batch_isend_irecv(ops)
+        # gloo: one Work per op; NCCL: one Work for the whole group
+        per_op = [[work] for work in works] if len(works) == len(ops) else [works] * len(ops)
+        for (_, delivery), op_works in zip(queued, per_op):
+            delivery._works = op_works
+            self._posted.append(delivery)
+        return per_op[-1] if receive is not None else []
 
     def post(self) -> None:
         """Start the queued sends now."""
-        queued, self._queued = self._queued, []
-        if queued and dist.get_backend() == "nccl":
-            self._in_flight += dist.batch_isend_irecv(queued)
-        else:
-            self._in_flight += [dist.isend(op.tensor, op.peer) for op in queued]
+        self._start()
 
     def recv(self, buffer: torch.Tensor, src: int) -> torch.Tensor:
         """Start the queued sends and a receive into `buffer` from `src`; return `buffer` once filled."""
-        if dist.get_backend() == "nccl":
-            queued, self._queued = self._queued, []
-            works = dist.batch_isend_irecv([*queued, dist.P2POp(dist.irecv, buffer, src)])
-            for work in works:
-                work.wait()  # on NCCL: orders the compute stream after the transfers
-        else:
-            self.post()
-            dist.recv(buffer, src)
+        for work in self._start(dist.P2POp(dist.irecv, buffer, src)):
+            work.wait()  # on NCCL: orders the compute stream after the transfers
         return buffer
+
+    def _release(self, delivery: Delivery) -> None:
+        if delivery._works is None:
+            self.post()  # still queued: waiting for a send never posted would never return
+        if delivery not in self._posted:
+            return  # released before
+        upto = self._posted.index(delivery)
+        done = [d for d in self._posted[: upto + 1] if d.dst == delivery.dst]
+        for d in done:
+            for work in d._works:
+                work.wait()
+            d._works = []
+        self._posted = [d for d in self._posted if d._works]
 
     def flush(self) -> None:
         """Post what is queued and wait until every send was delivered."""
         self.post()
-        for work in self._in_flight:
-            work.wait()
-        self._in_flight = []
+        for delivery in self._posted:
+            for work in delivery._works:
+                work.wait()
+            delivery._works = []
+        self._posted = []
 
-    def send_activation(self, activation: torch.Tensor, dst: int) -> None:
-        """Queue a header describing `activation` (dtype code, ndim, shape), then its data."""
-        # EXERCISE 2.5: an int64 header of HEADER_LEN on activation.device: [DTYPES.index(dtype), ndim, *shape, 0-padding]; self.send it, then self.send the activation
+    def send_activation(self, activation: torch.Tensor, dst: int) -> Delivery:
+        """Queue a header describing `activation` (dtype code, ndim, shape), then its data.
+
+        Returns the data's Delivery (waiting for it releases the header too).
+        Raises ValueError for more than MAX_DIMS dims or a dtype not in DTYPES.
+        """
+        # EXERCISE 2.5: send what the receiver needs to allocate the tensor (an int64 header of HEADER_LEN on activation.device, layout in the module docstring), then the activation itself; return the activation's Delivery
         if activation.dim() > MAX_DIMS or activation.dtype not in DTYPES:
             raise ValueError(f"can send activations of at most {MAX_DIMS} dims in {DTYPES}, "
                              f"got {activation.dtype} of shape {tuple(activation.shape)}")
         header = [DTYPES.index(activation.dtype), activation.dim(), *activation.shape]
         header += [0] * (HEADER_LEN - len(header))
         self.send(torch.tensor(header, dtype=torch.int64, device=activation.device), dst)
-        self.send(activation, dst)
+        return self.send(activation, dst)
         # END EXERCISE
 
     def recv_activation(self, src: int, device: torch.device) -> torch.Tensor:
         """Receive the header, allocate a tensor of that dtype and shape on `device`, receive into it."""
-        # EXERCISE 2.5: self.recv an int64 header of HEADER_LEN; dtype = DTYPES[h[0]], shape = h[2:2 + h[1]]; self.recv into torch.empty(shape, dtype=dtype, device=device)
+        # EXERCISE 2.5: the mirror of send_activation: receive its header, then the activation into a new tensor of the dtype and shape the header names (self.recv fills a buffer you allocate)
         header = self.recv(torch.empty(HEADER_LEN, dtype=torch.int64, device=device), src).tolist()
         dtype, ndim = DTYPES[header[0]], header[1]
         return self.recv(torch.empty(header[2 : 2 + ndim], dtype=dtype, device=device), src)
@@ -195,11 +222,12 @@ def forward_backward(stage: PipelineStage, inputs: torch.Tensor | None, targets:
     """One forward and backward of the whole batch through the split model; every rank calls it.
 
     inputs: the batch on the first stage (None elsewhere); targets: on the last stage
-    (None elsewhere). Leaves each stage's parameter gradients in .grad (accumulated, as
-    loss.backward() does) equal to the unsplit model's. Returns the loss (detached) on
-    the last stage, None elsewhere.
+    (None elsewhere). Activations of any shape and of any dtype in DTYPES cross the cuts.
+    Leaves each stage's parameter gradients in .grad equal to the unsplit model's,
+    accumulated as loss.backward() does (two calls without zero_grad: the sum).
+    Returns the loss (detached) on the last stage, None elsewhere.
     """
-    # EXERCISE 2.5: receive the input (recv_activation + requires_grad_) unless first; forward; last: loss.backward(), else send_activation(out.detach()), recv the grad (empty_like(out)), out.backward(grad); unless first send x.grad back; flush
+    # EXERCISE 2.5: this rank's part of the step: autograd stops at each cut, so carry the activation forward and its gradient back by hand with a Mailbox (module docstring; guidelines 2.5, "Stuck?"); flush before returning
     box = Mailbox()
     device = stage.device
     if stage.is_first:

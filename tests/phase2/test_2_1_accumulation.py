@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import grading
 from compare import assert_no_problems, state_dict_problems
 from common.launch import run_world
+from common.measure import CollectiveLog, saved_activation_bytes
 from common.models import build_model
 
 
@@ -53,53 +54,34 @@ def _accum_ground_truth(total: int):
 def _accum_rank(ref: grading.ModuleRef, cases):
     mod = ref.load()
     rank = dist.get_rank()
-    real_all_reduce = dist.all_reduce
-    log: list = []
 
-    def counting_all_reduce(tensor, *args, **kwargs):
-        log.append(tensor)
-        return real_all_reduce(tensor, *args, **kwargs)
-
-    # What ONE sync of the model costs (GradSync.sync is given code, not an exercise).
+    # What ONE sync of the model all-reduces (GradSync.sync is given code, not an exercise).
     probe = build_model("mlp", (1, 8, 8), 10, seed=0)
     F.cross_entropy(probe(torch.zeros(1, 1, 8, 8)), torch.zeros(1, dtype=torch.long)).backward()
-    dist.all_reduce = counting_all_reduce
-    try:
+    with CollectiveLog(["all_reduce"]) as log:
         mod.GradSync(probe).sync(1)
-    finally:
-        dist.all_reduce = real_all_reduce
-    sync_cost = len(log)
+    sync_bytes = log.bytes()
+    grad_bytes = sum(p.numel() * p.element_size() for p in probe.parameters())
 
-    out = {"sync_cost": sync_cost, "cases": []}
+    out = {"sync_bytes": sync_bytes, "grad_bytes": grad_bytes, "cases": []}
     for index, (n0, n1, micro) in enumerate(cases):
         if index >= _ACCUM_EQUAL_COUNTS and any(
-                c > 1 for case in out["cases"] for step in case["grad_reduces"] for c in step.values()):
+                b >= sync_bytes + grad_bytes for case in out["cases"] for b in case["bytes"]):
             # Gradients all-reduced on every micro-step: with different numbers of micro-batches
             # per rank the ranks would call different numbers of collectives (a deadlock).
             out["cases"].append(None)
             continue
         model = build_model("mlp", (1, 8, 8), 10, seed=0)
-        names = {id(p): name for name, p in model.named_parameters()}
         sync = mod.GradSync(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=ACCUM_LR, momentum=0.9)
-        losses, calls, grad_reduces = [], [], []
+        losses, all_reduced = [], []
         for step in range(ACCUM_STEPS):
             inputs, targets = _accum_batch(n0 + n1, step)
             part = slice(0, n0) if rank == 0 else slice(n0, n0 + n1)
-            log.clear()
-            dist.all_reduce = counting_all_reduce
-            try:
-                losses.append(mod.accumulation_step(model, sync, optimizer, inputs[part], targets[part], micro))
-            finally:
-                dist.all_reduce = real_all_reduce
-            counts = {name: 0 for name in names.values()}
-            for tensor in log:
-                for p in model.parameters():
-                    if tensor is p.grad:
-                        counts[names[id(p)]] += 1
-            calls.append(len(log))
-            grad_reduces.append(counts)
-        out["cases"].append({"losses": losses, "calls": calls, "grad_reduces": grad_reduces,
+            with CollectiveLog(["all_reduce"]) as log:
+                losses.append(mod.accumulation_step(sync, optimizer, inputs[part], targets[part], micro))
+            all_reduced.append(log.bytes())
+        out["cases"].append({"losses": losses, "bytes": all_reduced,
                              "state": {k: v.clone() for k, v in model.state_dict().items()}})
     return out
 
@@ -119,21 +101,26 @@ def _accum_world(ref: grading.ModuleRef):
     return result
 
 
+def _recording_sync(mod):
+    """A GradSync around the MLP whose `sync` records its calls instead of all-reducing."""
+    sync = mod.GradSync(build_model("mlp", (1, 8, 8), 10, seed=0))
+    synced: list[int] = []
+    sync.sync = synced.append
+    return sync, synced
+
+
 def test_2_1_no_sync_suspends_sync_and_restores_it(grade):
     mod = grade("2.1").load()
-    model = build_model("mlp", (1, 8, 8), 10, seed=0)
-    sync = mod.GradSync(model)
-    synced: list[int] = []
-    sync.sync = synced.append  # record instead of all-reducing
+    sync, synced = _recording_sync(mod)
     inputs, targets = _accum_batch(4, 0)
 
     def backward():
-        sync.backward(F.cross_entropy(model(inputs), targets), 4)
+        sync.backward(F.cross_entropy(sync(inputs), targets), 4)
         return len(synced)
 
-    assert backward() == 1, "outside no_sync(), GradSync.backward must sync"
+    assert backward() == 1, "forward and backward outside no_sync(): GradSync.backward must sync (self.sync)"
     with sync.no_sync():
-        assert backward() == 1, "inside no_sync(), backward must not sync (set sync.require_sync = False)"
+        assert backward() == 1, "forward and backward inside no_sync(): backward must not sync"
         with sync.no_sync():
             pass
         assert backward() == 1, "after a nested no_sync() block, the outer block must still suspend the sync " \
@@ -145,6 +132,51 @@ def test_2_1_no_sync_suspends_sync_and_restores_it(grade):
     assert backward() == 3, "an exception inside no_sync() must still restore the sync (use try/finally)"
 
 
+def test_2_1_sync_is_decided_at_forward_like_ddp(grade):
+    mod = grade("2.1").load()
+    sync, synced = _recording_sync(mod)
+    inputs, targets = _accum_batch(4, 0)
+    loss = F.cross_entropy(sync(inputs), targets)
+    with sync.no_sync():
+        sync.backward(loss, 4)
+    assert synced == [4], (f"forward OUTSIDE no_sync(), backward inside: synced {len(synced)} times, DDP syncs once: "
+                           "its forward reads require_backward_grad_sync and prepares the all-reduce, so the "
+                           "decision must be taken (recorded) in forward, not read again in backward")
+    with sync.no_sync():
+        loss = F.cross_entropy(sync(inputs), targets)
+    sync.backward(loss, 4)
+    assert synced == [4], ("forward INSIDE no_sync(), backward outside: DDP does not sync (its forward prepared no "
+                           f"all-reduce), but sync() was called {len(synced) - 1} time(s)")
+    sync.backward(F.cross_entropy(sync(inputs), targets), 4)
+    assert synced == [4, 4], "forward and backward outside no_sync() again: backward must sync"
+
+
+ACCUM_MEMORY_N, ACCUM_MEMORY_MICRO = 11, 3  # 3 + 3 + 3 + 2: all micro-batches at once would be ~3.7 times one
+
+
+def test_2_1_one_micro_batch_of_activations_at_a_time(grade):
+    mod = grade("2.1").load()
+    inputs, targets = _accum_batch(ACCUM_MEMORY_N, 0)
+    model = build_model("mlp", (1, 8, 8), 10, seed=0)
+    params = list(model.parameters())
+    # Bound: what one micro-batch of m samples saves, its input copied (a learner may index
+    # the batch with a copy; slicing gives views of `inputs`, which is excluded below).
+    m = ACCUM_MEMORY_MICRO
+    one = saved_activation_bytes(
+        lambda: F.cross_entropy(model(inputs[:m].clone()), targets[:m]).mul(m / ACCUM_MEMORY_N).backward(),
+        exclude=params, count_if=torch.is_floating_point)
+    model.zero_grad(set_to_none=True)
+    sync = mod.GradSync(model)
+    optimizer = torch.optim.SGD(params, lr=ACCUM_LR)
+    peak = saved_activation_bytes(lambda: mod.accumulation_step(sync, optimizer, inputs, targets, m),
+                                  exclude=params + [inputs], count_if=torch.is_floating_point)
+    assert 0 < peak <= 1.25 * one, (
+        f"{ACCUM_MEMORY_N} samples in micro-batches of {m}: autograd held up to {peak} bytes for backward at once, "
+        f"{peak / one:.2f} times what one micro-batch saves ({one} bytes, measured with saved_tensors_hooks). "
+        "Backward each micro-batch before the next forward (no list of losses, no sum of losses), so that its "
+        "graph is freed: activation memory must be that of ONE micro-batch")
+
+
 def test_2_1_single_process_matches_one_large_batch(grade):
     mod = grade("2.1").load()
     total = 10
@@ -154,7 +186,7 @@ def test_2_1_single_process_matches_one_large_batch(grade):
         model = build_model("mlp", (1, 8, 8), 10, seed=0)
         optimizer = torch.optim.SGD(model.parameters(), lr=ACCUM_LR, momentum=0.9)
         sync = mod.GradSync(model)
-        losses = [mod.accumulation_step(model, sync, optimizer, *_accum_batch(total, step), micro)
+        losses = [mod.accumulation_step(sync, optimizer, *_accum_batch(total, step), micro)
                   for step in range(ACCUM_STEPS)]
         problems += state_dict_problems(model.state_dict(), expected,
                                         f"micro_batch_size={micro}, after {ACCUM_STEPS} steps:", rtol=1e-4, atol=1e-5)
@@ -190,20 +222,17 @@ def test_2_1_one_gradient_all_reduce_per_optimizer_step(grade):
     results = _accum_world(grade("2.1"))
     problems = []
     for rank in range(2):
-        sync_cost = results[rank]["sync_cost"]
+        sync_bytes, grad_bytes = results[rank]["sync_bytes"], results[rank]["grad_bytes"]
         for index, (n0, n1, micro) in enumerate(ACCUM_CASES):
             got = results[rank]["cases"][index]
             if got is None:
                 continue
             case = f"rank {rank}, local batch {(n0, n1)[rank]}, micro_batch_size={micro}"
-            for step, (calls, counts) in enumerate(zip(got["calls"], got["grad_reduces"])):
-                wrong = {name: c for name, c in counts.items() if c != 1}
-                if wrong:
-                    problems.append(f"{case}, optimizer step {step}: gradients all-reduced {wrong} times (per "
-                                    "parameter), expected once per optimizer step: backward all micro-batches but "
-                                    "the last inside sync.no_sync()")
-                elif calls > sync_cost + 2:
-                    problems.append(f"{case}, optimizer step {step}: {calls} dist.all_reduce calls; one sync costs "
-                                    f"{sync_cost}, plus one for the loss")
+            for step, sent in enumerate(got["bytes"]):
+                if not sync_bytes <= sent < sync_bytes + grad_bytes:
+                    problems.append(f"{case}, optimizer step {step}: dist.all_reduce got {sent} bytes = "
+                                    f"{sent / sync_bytes:.2f} syncs (one sync all-reduces "
+                                    f"{sync_bytes} bytes, the loss a few more)")
     assert_no_problems(problems, "gradient accumulation must all-reduce the gradients once per optimizer step, "
-                                 "not once per micro-batch:")
+                                 "not once per micro-batch: run the forward AND backward of all micro-batches but the "
+                                 "last inside sync.no_sync():")

@@ -6,6 +6,8 @@ Run them with `python tests/test_phase2.py -k 2_2` (your code) or
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -19,15 +21,99 @@ from common.models import build_model
 from phase2.test_2_1_accumulation import _accum_batch
 
 
+class _FakeGpus:
+    """Pretend CUDA devices of the given compute capabilities, at the level torch.cuda asks.
+
+    Patches what torch.cuda's own functions rely on (availability, device count, the
+    current device, per-device properties, the device context, the emulation probe), so
+    every public way to ask works and answers consistently: get_device_capability(d),
+    get_device_properties(d).major, is_bf16_supported(including_emulation=...) inside
+    `with torch.cuda.device(d)`. As in torch 2.15 (torch/cuda/__init__.py), bf16 is
+    "supported" by emulation on every GPU unless including_emulation=False.
+    """
+
+    def __init__(self, monkeypatch, capabilities: list[tuple[int, int]], current: int = 0):
+        self.capabilities, self.current = capabilities, current
+        cuda = torch.cuda
+        monkeypatch.setattr(cuda, "is_available", lambda: True)
+        monkeypatch.setattr(cuda, "device_count", lambda: len(capabilities))
+        monkeypatch.setattr(cuda, "_lazy_init", lambda: None)
+        monkeypatch.setattr(cuda, "current_device", lambda: self.current)
+        monkeypatch.setattr(cuda, "set_device", self._set_device)
+        monkeypatch.setattr(cuda, "_exchange_device", self._exchange)
+        monkeypatch.setattr(cuda, "_maybe_exchange_device", self._exchange)
+        monkeypatch.setattr(cuda, "get_device_properties", self.properties)
+        monkeypatch.setattr(cuda, "get_device_name", lambda device=None: self.properties(device).name)
+        monkeypatch.setattr(cuda, "_check_bf16_tensor_supported", lambda device: True)  # emulation works
+        monkeypatch.setattr(torch.version, "hip", None)
+
+    def index(self, device) -> int:
+        if device is None:
+            return self.current
+        if isinstance(device, int):
+            return device
+        device = torch.device(device)
+        assert device.type == "cuda", f"asked CUDA about a {device.type} device"
+        return self.current if device.index is None else device.index
+
+    def properties(self, device=None):
+        index = self.index(device)
+        assert 0 <= index < len(self.capabilities), f"no CUDA device {index}"
+        major, minor = self.capabilities[index]
+        return SimpleNamespace(major=major, minor=minor, name=f"fake GPU sm_{major}{minor}",
+                               total_memory=16 * 2**30, multi_processor_count=80)
+
+    def _set_device(self, device) -> None:
+        self.current = self.index(device)
+
+    def _exchange(self, index: int) -> int:
+        previous = self.current
+        if index >= 0:
+            self.current = index
+        return previous
+
+
+# (capabilities of devices 0, 1, ...; the current device; {device spec: expected dtype})
+_BF16, _FP16 = torch.bfloat16, torch.float16
+MP_DTYPE_CASES = [
+    ([(8, 0), (7, 0)], 0, {"cuda": _BF16, "cuda:0": _BF16, "cuda:1": _FP16, ("cuda", 1): _FP16, ("cuda", 0): _BF16}),
+    ([(7, 5), (9, 0)], 0, {"cuda": _FP16, "cuda:0": _FP16, "cuda:1": _BF16, ("cuda", 1): _BF16, ("cuda",): _FP16}),
+    ([(7, 5), (9, 0)], 1, {"cuda": _BF16, ("cuda",): _BF16, "cuda:0": _FP16, ("cuda", 0): _FP16}),
+    ([(6, 1)], 0, {"cuda": _FP16, "cuda:0": _FP16}),         # Pascal (P100 is 6.0, GTX 10x0 6.1)
+    ([(8, 6)], 0, {"cuda": _BF16, ("cuda", 0): _BF16}),      # Ampere consumer (RTX 30x0)
+    ([(12, 0)], 0, {"cuda": _BF16}),                          # a future architecture
+]
+_MP_GPU_NAMES = {(6, 1): "Pascal", (7, 0): "Volta V100", (7, 5): "Turing T4", (8, 0): "Ampere A100",
+                 (8, 6): "Ampere RTX 30x0", (9, 0): "Hopper H100", (12, 0): "a newer GPU"}
+
+
 def test_2_2_autocast_dtype_per_device(grade, monkeypatch):
     mod = grade("2.2").load()
     assert mod.autocast_dtype("cpu") == torch.bfloat16, "CPU autocast: bfloat16"
     assert mod.autocast_dtype(torch.device("cpu")) == torch.bfloat16, "CPU autocast (torch.device): bfloat16"
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
-    assert mod.autocast_dtype("cuda") == torch.bfloat16, "a GPU that supports bf16 (Ampere+): bfloat16"
-    assert mod.autocast_dtype(torch.device("cuda", 0)) == torch.bfloat16, "cuda:0 with bf16 support: bfloat16"
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
-    assert mod.autocast_dtype("cuda") == torch.float16, "a GPU without bf16 (e.g. V100, T4): float16"
+    problems = []
+    for capabilities, current, expected in MP_DTYPE_CASES:
+        with monkeypatch.context() as patch:
+            gpus = _FakeGpus(patch, capabilities, current)
+            for spec, dtype in expected.items():
+                device = torch.device(*spec) if isinstance(spec, tuple) else spec
+                shown = f"torch.device({', '.join(map(repr, spec))})" if isinstance(spec, tuple) else repr(spec)
+                got = mod.autocast_dtype(device)
+                gpu = gpus.capabilities[gpus.index(device)]
+                where = (f"GPUs {[_MP_GPU_NAMES[c] + ' ' + '.'.join(map(str, c)) for c in capabilities]}, "
+                         f"current device {current}: autocast_dtype({shown})")
+                if got != dtype:
+                    why = ("native bf16 (compute capability >= 8)" if dtype == _BF16 else
+                           "no native bf16: fp16 + loss scaling (torch.cuda.is_bf16_supported() says True there "
+                           "too, by emulation, unless including_emulation=False)")
+                    problems.append(f"{where} = {got}, expected {dtype}: device {gpus.index(device)} is "
+                                    f"{_MP_GPU_NAMES[gpu]}, {why}")
+                if gpus.current != current:
+                    problems.append(f"{where} changed the current CUDA device to {gpus.current}: ask about a device "
+                                    "without selecting it (or restore it: `with torch.cuda.device(...)`)")
+                    gpus.current = current
+    assert_no_problems(problems, "the autocast dtype must follow the capability of the device asked about (mocked "
+                                 "GPUs, no real GPU needed):")
 
 
 _MP_INF, _MP_NAN = float("inf"), float("nan")
@@ -144,6 +230,71 @@ def test_2_2_bf16_step_keeps_fp32_master_weights(grade):
         "with scaler=None (bf16 needs none) the step must be a plain backward and optimizer.step()"
 
 
+def _mp_reference_steps(batches, scaler_factory):
+    """Per batch: the loss and the weights after a bf16-autocast step done right, on the MLP (SGD, lr 0.1)."""
+    model = build_model("mlp", (1, 8, 8), 10, seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = scaler_factory()
+    out = []
+    for inputs, targets in batches:
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(inputs)
+        loss = F.cross_entropy(logits.float(), targets)  # fp32 from bf16 logits
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        out.append((loss.item(), {k: v.clone() for k, v in model.state_dict().items()}))
+    return out
+
+
+def _mp_learner_steps(mod, batches, scaler_factory):
+    model = build_model("mlp", (1, 8, 8), 10, seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = scaler_factory()
+    return [(mod.mixed_precision_step(model, optimizer, scaler, inputs, targets, "cpu"),
+             {k: v.clone() for k, v in model.state_dict().items()}) for inputs, targets in batches]
+
+
+_MP_SCALERS = {"scaler=None": lambda: None,
+               "torch.amp.GradScaler('cpu')": lambda: torch.amp.GradScaler("cpu", init_scale=2.0**12)}
+
+
+def test_2_2_loss_is_computed_in_float32(grade):
+    mod = grade("2.2").load()
+    batches = [_accum_batch(32, step) for step in range(3)]
+    problems = []
+    for label, factory in _MP_SCALERS.items():
+        expected = _mp_reference_steps(batches[:1], factory)
+        (loss, state), ((e_loss, e_state),) = _mp_learner_steps(mod, batches[:1], factory)[0], expected
+        if not isinstance(loss, float) or loss != pytest.approx(e_loss, rel=1e-6, abs=0):
+            problems.append(f"{label}: returned loss {loss!r}, the float32 cross-entropy of the bf16 logits is "
+                            f"{e_loss!r} (differs by {abs(float(loss) - e_loss):.3g}; bf16 rounds a loss near 2.3 "
+                            "in steps of 0.0156)")
+        problems += state_dict_problems(state, e_state, f"{label}, after one step, parameter", rtol=1e-5, atol=1e-7)
+    assert_no_problems(problems, "the loss (and so the gradient) must be computed in float32 from the low-precision "
+                                 "logits, e.g. F.cross_entropy(logits.float(), targets): a bf16 cross-entropy and its "
+                                 "backward keep only bf16's 2-3 significant digits")
+
+
+def test_2_2_each_step_uses_only_its_own_gradients(grade):
+    mod = grade("2.2").load()
+    batches = [_accum_batch(32, step) for step in range(3)]
+    problems = []
+    for label, factory in _MP_SCALERS.items():
+        expected, got = _mp_reference_steps(batches, factory), _mp_learner_steps(mod, batches, factory)
+        for step, ((loss, state), (e_loss, e_state)) in enumerate(zip(got, expected)):
+            problems += state_dict_problems(state, e_state, f"{label}, after step {step}, parameter",
+                                            rtol=1e-5, atol=1e-6)
+    assert_no_problems(problems, "3 mixed-precision steps on 3 different batches must move the weights like 3 "
+                                 "correct steps (SGD, no momentum): each step's gradient is its own batch's only "
+                                 "(zero the gradients every step)")
+
+
 MP_FOUND_INF_STEPS = 5  # rank 1 gets an inf gradient at step 1, rank 0 a nan at step 3
 
 
@@ -187,7 +338,7 @@ def test_2_2_found_inf_is_agreed_across_ranks(grade):
                                 f"after update; expected {'skipped' if e_skipped else 'stepped'}, scale {e_scale:g}")
         problems += state_dict_problems(state, expected_state, f"rank {rank}, final", rtol=1e-6, atol=1e-7)
     assert_no_problems(problems, "rank 1 alone sees an inf at step 1, rank 0 alone a nan at step 3: every rank must "
-                                 "skip both steps (all-reduce found_inf with MAX) and the replicas stay identical:")
+                                 "skip both steps (all-reduce found_inf, with MAX or SUM) and the replicas stay identical:")
 
 
 def test_precision_modules_reject_bad_arguments():
@@ -197,9 +348,9 @@ def test_precision_modules_reject_bad_arguments():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     inputs, targets = _accum_batch(4, 0)
     with pytest.raises(ValueError, match="micro_batch_size"):
-        accumulation.accumulation_step(model, accumulation.GradSync(model), optimizer, inputs, targets, 0)
+        accumulation.accumulation_step(accumulation.GradSync(model), optimizer, inputs, targets, 0)
     with pytest.raises(ValueError, match="targets"):
-        accumulation.accumulation_step(model, accumulation.GradSync(model), optimizer, inputs, targets[:3], 2)
+        accumulation.accumulation_step(accumulation.GradSync(model), optimizer, inputs, targets[:3], 2)
     for bad in (dict(init_scale=0.0), dict(growth_factor=1.0), dict(backoff_factor=1.0), dict(growth_interval=0)):
         with pytest.raises(ValueError):
             mixed_precision.LossScaler(**bad)

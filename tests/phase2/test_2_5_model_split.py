@@ -2,6 +2,7 @@
 
 Run them with `python tests/test_phase2.py -k 2_5` (your code) or
 `pytest tests/test_phase2.py -k 2_5` (the reference); tests/test_phase2.py collects them.
+All of them share one world of 3 ranks (see _split_rank).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import torch.nn.functional as F
 
 import grading
 from compare import assert_no_problems, diff_report
+from common.distributed import current_device
 from common.launch import run_world
 from common.models import MLP
-from common.distributed import current_device
 
 
 def _pp_layers(hidden: tuple[int, ...]) -> nn.Sequential:
@@ -26,18 +27,54 @@ def _pp_layers(hidden: tuple[int, ...]) -> nn.Sequential:
         return MLP(64, 10, hidden=hidden).net
 
 
-def _pp_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(1)
+class Cast(nn.Module):
+    """Converts its input to `dtype`: puts a low- (or high-) precision activation on a cut."""
+
+    def __init__(self, dtype: torch.dtype):
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.dtype)
+
+
+def _cnn_layers() -> nn.Sequential:
+    """8 layers; cut in two before the third conv: (B, 8, 8, 8) features cross it, and a conv needs them 4-D."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(),
+                             nn.Conv2d(8, 8, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 4 * 4, 10))
+
+
+def _cast_layers(dtype: torch.dtype) -> nn.Sequential:
+    """6 layers, fp32 weights; cut in two after Cast(dtype): a (B, 32) activation in `dtype` crosses it."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), Cast(dtype), nn.ReLU(), Cast(torch.float32),
+                             nn.Linear(32, 10))
+
+
+MODELS = {"cnn": _cnn_layers, "bfloat16 cut": lambda: _cast_layers(torch.bfloat16),
+          "float16 cut": lambda: _cast_layers(torch.float16), "float64 cut": lambda: _cast_layers(torch.float64)}
+
+
+def _pp_batch(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
     return torch.randn(n, 1, 8, 8, generator=gen), torch.randint(0, 10, (n,), generator=gen)
 
 
-def _pp_expected(hidden: tuple[int, ...], batch: int) -> tuple[float, dict[str, torch.Tensor]]:
-    """Ground truth: the unsplit model, one process, the whole batch, mean cross-entropy."""
-    layers = _pp_layers(hidden)
-    x, y = _pp_batch(batch)
-    loss = F.cross_entropy(layers(x), y)
-    loss.backward()
+def _unsplit(layers: nn.Sequential, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, dict]:
+    """Ground truth: the unsplit model in one process, loss.backward() once per batch (gradients add up).
+    Returns the last batch's loss and every gradient, named by layer index."""
+    for x, y in batches:
+        loss = F.cross_entropy(layers(x), y)
+        loss.backward()
     return loss.item(), {f"layer {i} {n}": p.grad for i, layer in enumerate(layers) for n, p in layer.named_parameters()}
+
+
+def _pp_expected(hidden: tuple[int, ...], batch: int) -> tuple[float, dict[str, torch.Tensor]]:
+    """Ground truth for the MLP of `hidden` on one batch of `batch` samples."""
+    return _unsplit(_pp_layers(hidden), [_pp_batch(batch)])
 
 
 def _pp_stage_grads(stage) -> dict[str, torch.Tensor | None]:
@@ -74,52 +111,134 @@ def _pp_problems(results: list[dict], expected_loss: float, expected_grads: dict
     return problems
 
 
-PARTITION_CASES = [(8, 3), (8, 2), (8, 8), (10, 4), (7, 3), (1, 1), (5, 1), (9, 4), (100, 7), (13, 5)]
+# ------------------------------------------------------------ activation round trips
+
+# (shape, dtype) sent by rank 0 with send_activation, received by rank 1 with recv_activation
+ROUND_TRIPS = [((5, 7), torch.bfloat16), ((3, 4, 5), torch.float16), ((2, 8, 4, 4), torch.float32),
+               ((6,), torch.float64), ((2, 1, 3, 1, 2, 1, 1, 2), torch.float32)]
 
 
-def test_2_5_partition_is_contiguous_balanced_and_complete(grade):
-    mod = grade("2.5").load()
-    for num_layers, num_stages in PARTITION_CASES:
-        case = f"partition({num_layers}, {num_stages})"
-        parts = mod.partition(num_layers, num_stages)
-        assert len(parts) == num_stages, f"{case} returned {len(parts)} ranges, expected one per stage: {parts}"
-        flat = [i for part in parts for i in part]
-        assert flat == list(range(num_layers)), (
-            f"{case} = {[list(p) for p in parts]}: concatenated, the stages must hold layers 0..{num_layers - 1} "
-            "once each and in order (a layer skipped or duplicated at a cut?)")
-        sizes = [len(part) for part in parts]
-        assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1, (
-            f"{case} has stage sizes {sizes}: every stage needs a layer, and sizes may differ by at most one")
+def _round_trip_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Small integers: exact in every dtype, so a good transfer gives equal bits."""
+    return (torch.arange(torch.Size(shape).numel()) % 13 - 6).reshape(shape).to(dtype)
 
 
-@pytest.mark.parametrize("num_layers,num_stages", [(2, 3), (0, 1), (5, 0), (5, -1)])
-def test_2_5_partition_rejects_impossible_splits(grade, num_layers, num_stages):
-    mod = grade("2.5").load()
-    with pytest.raises(ValueError):
-        mod.partition(num_layers, num_stages)
+class _WrongSize(Exception):
+    pass
 
+
+def _message_bytes(mod, activation: torch.Tensor) -> list[int]:
+    """Bytes of each message this implementation's send_activation queues (a dry run: nothing is sent)."""
+    class DryRun(mod.Mailbox):
+        def send(self, tensor, dst):
+            sizes.append(tensor.numel() * tensor.element_size())
+
+    sizes: list[int] = []
+    DryRun().send_activation(activation, 1)
+    return sizes
+
+
+def _checked_mailbox(mod, expected: list[int], problems: list[str], case: str):
+    """The implementation's Mailbox whose recv first checks the buffer against the next message's size.
+
+    A buffer of the wrong size would make gloo abort the process (a bigger message) or leave
+    it half filled without a word (a smaller one, e.g. bfloat16 data in a float32 buffer);
+    here the message is drained into a scratch buffer instead and the case stops.
+    """
+    class Checked(mod.Mailbox):
+        receives = 0
+
+        def recv(self, buffer, src):
+            Checked.receives += 1
+            got = buffer.numel() * buffer.element_size()
+            want = expected.pop(0) if expected else None
+            if want != got:
+                problems.append(f"{case}: receive {Checked.receives} got a buffer of {got} bytes ({buffer.dtype}, "
+                                f"shape {tuple(buffer.shape)}) for a message of {want} bytes: allocate the dtype and "
+                                "shape the header names")
+                for size in ([want] if want is not None else []) + expected:  # drain the rest of this activation
+                    super().recv(torch.empty(size, dtype=torch.uint8, device=buffer.device), src)
+                expected.clear()
+                raise _WrongSize
+            return super().recv(buffer, src)
+
+    return Checked()
+
+
+def _round_trips(mod, rank: int) -> list[str]:
+    """Rank 0 sends every ROUND_TRIPS activation, rank 1 receives and checks it; returns rank 1's problems."""
+    problems: list[str] = []
+    device = current_device()
+    for shape, dtype in ROUND_TRIPS:
+        sent = _round_trip_tensor(shape, dtype).to(device)
+        case = f"{dtype} activation of shape {shape}"
+        if rank == 0:
+            box = mod.Mailbox()
+            box.send_activation(sent, 1)
+            box.flush()
+        elif rank == 1:
+            expected = _message_bytes(mod, sent)
+            mine: list[str] = []
+            try:
+                got = _checked_mailbox(mod, expected, mine, case).recv_activation(0, device)
+            except _WrongSize:
+                problems += mine
+                continue
+            for size in expected:  # messages it never received: drain them, or the sender waits forever
+                mod.Mailbox().recv(torch.empty(size, dtype=torch.uint8, device=device), 0)
+            if expected:
+                problems.append(f"{case}: recv_activation received {len(expected)} message(s) fewer than "
+                                "send_activation sent")
+            elif got.dtype != dtype or tuple(got.shape) != shape:
+                problems.append(f"{case}: recv_activation returned {got.dtype} of shape {tuple(got.shape)}")
+            elif not torch.equal(got.cpu(), sent.cpu()):
+                problems.append(f"{case}: received values differ from the sent ones: {got.flatten()[:6].tolist()} "
+                                f"vs {sent.flatten()[:6].tolist()}")
+    return problems
+
+
+# ------------------------------------------------------------------ the shared world
 
 SPLIT_HIDDEN, SPLIT_BATCH = (32, 32, 16), 12  # 8 layers; the cuts carry (B, 32) and (B, 16) activations
 
 
+def _run_split(mod, layers: nn.Sequential, num_stages: int, batches: list, rank: int) -> dict | None:
+    """Ranks 0..num_stages-1 run forward_backward once per batch (no zero_grad in between)."""
+    if rank >= num_stages:
+        return None
+    stage = mod.PipelineStage(layers, rank, num_stages, device=current_device())
+    first, last = rank == 0, rank == num_stages - 1
+    for x, y in batches:
+        loss = mod.forward_backward(stage, x if first else None, y if last else None, F.cross_entropy)
+    return {"layers": list(stage.layer_range), "loss": None if loss is None else float(loss),
+            "grads": _pp_stage_grads(stage)}
+
+
 def _split_rank(ref: grading.ModuleRef, hidden: tuple[int, ...], batch: int) -> dict:
-    """In one world of 3 ranks: the model split over 3 stages, then over 2 (rank 2 sits that one out)."""
+    """Every 2.5 check in one world of 3 ranks (rank 2 sits out the 2-stage runs):
+
+    split: the MLP over 3 and over 2 stages; round_trips: activations of several ranks and
+    dtypes through send_activation/recv_activation; models: a CNN and MLPs whose cut carries
+    bf16/fp16/fp64 (only if every round trip worked: a wrong buffer could abort a rank);
+    accumulate: two forward_backward calls on two batches, no zero_grad in between.
+    """
     mod = ref.load()
     dist.barrier()  # NCCL: the group's first collective must involve every rank (see Mailbox)
-    rank, results = dist.get_rank(), {}
-    x, y = _pp_batch(batch)
+    rank, results = dist.get_rank(), {"split": {}, "models": {}}
+    batches = [_pp_batch(batch, seed) for seed in (1, 2)]
     for num_stages in (3, 2):
-        if rank >= num_stages:
-            continue
-        stage = mod.PipelineStage(_pp_layers(hidden), rank, num_stages, device=current_device())
-        first, last = rank == 0, rank == num_stages - 1
-        loss = mod.forward_backward(stage, x if first else None, y if last else None, F.cross_entropy)
-        results[num_stages] = {"layers": list(stage.layer_range), "loss": None if loss is None else float(loss),
-                               "grads": _pp_stage_grads(stage)}
+        results["split"][num_stages] = _run_split(mod, _pp_layers(hidden), num_stages, batches[:1], rank)
+    results["round_trips"] = _round_trips(mod, rank)
+    failed = torch.tensor([float(bool(results["round_trips"]))], device=current_device())
+    dist.all_reduce(failed)
+    if not failed.item():
+        for name, build in MODELS.items():
+            results["models"][name] = _run_split(mod, build(), 2, batches[:1], rank)
+    results["accumulate"] = _run_split(mod, _pp_layers(hidden), 2, batches, rank)
     return results
 
 
-_split_worlds: dict = {}  # ModuleRef -> results or exception: one world serves every split test
+_split_worlds: dict = {}  # ModuleRef -> results or exception: one world serves every 2.5 test
 
 
 def _pp_shared_world(cache: dict, ref: grading.ModuleRef, worker, world_size: int, args: tuple):
@@ -133,10 +252,44 @@ def _pp_shared_world(cache: dict, ref: grading.ModuleRef, worker, world_size: in
     return cache[ref]
 
 
+def _split_results(ref: grading.ModuleRef) -> list[dict]:
+    return _pp_shared_world(_split_worlds, ref, _split_rank, 3, (SPLIT_HIDDEN, SPLIT_BATCH))
+
+
 @pytest.mark.parametrize("num_stages", [2, 3])
 def test_2_5_split_model_matches_one_process(grade, num_stages):
-    results = _pp_shared_world(_split_worlds, grade("2.5"), _split_rank, 3, (SPLIT_HIDDEN, SPLIT_BATCH))
+    results = _split_results(grade("2.5"))
     loss, grads = _pp_expected(SPLIT_HIDDEN, SPLIT_BATCH)
-    per_rank = [results[rank][num_stages] for rank in range(num_stages)]
+    per_rank = [results[rank]["split"][num_stages] for rank in range(num_stages)]
     problems = _pp_problems(per_rank, loss, grads, 2 * len(SPLIT_HIDDEN) + 2, f"{num_stages} stages")
     assert_no_problems(problems, f"the model split over {num_stages} ranks differs from the unsplit model in one process:")
+
+
+def test_2_5_activations_of_any_shape_and_dtype_round_trip(grade):
+    results = _split_results(grade("2.5"))
+    assert_no_problems(results[1]["round_trips"],
+                       "rank 0 sent activations with send_activation, rank 1 received them with recv_activation:")
+
+
+def test_2_5_cnn_and_low_precision_cuts_match_one_process(grade):
+    results = _split_results(grade("2.5"))
+    if not results[0]["models"]:
+        pytest.fail("not run: an activation round trip failed (see test_2_5_activations_of_any_shape_and_dtype_"
+                    "round_trip); a buffer of the wrong dtype or shape can abort a rank", pytrace=False)
+    problems = []
+    for name, build in MODELS.items():
+        layers = build()
+        loss, grads = _unsplit(layers, [_pp_batch(SPLIT_BATCH)])
+        per_rank = [results[rank]["models"][name] for rank in range(2)]
+        problems += _pp_problems(per_rank, loss, grads, len(layers), f"{name} on 2 stages")
+    assert_no_problems(problems, "a CNN (4-D features at the cut) and MLPs whose cut carries bfloat16, float16 or "
+                       "float64 differ from the unsplit model in one process:")
+
+
+def test_2_5_forward_backward_accumulates_gradients(grade):
+    results = _split_results(grade("2.5"))
+    loss, grads = _unsplit(_pp_layers(SPLIT_HIDDEN), [_pp_batch(SPLIT_BATCH, seed) for seed in (1, 2)])
+    per_rank = [results[rank]["accumulate"] for rank in range(2)]
+    problems = _pp_problems(per_rank, loss, grads, 2 * len(SPLIT_HIDDEN) + 2, "two calls on 2 stages")
+    assert_no_problems(problems, "forward_backward on batch 1, then on batch 2, without zero_grad: every gradient "
+                       "must be the sum of both batches' gradients, as two loss.backward() calls leave it:")

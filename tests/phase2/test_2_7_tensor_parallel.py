@@ -15,20 +15,20 @@ import torch.nn as nn
 
 import grading
 from compare import assert_no_problems, diff_report
-from common.launch import WorldError, run_world
-from common.models import MLP
 from common.distributed import current_device
+from common.launch import WorldError, run_world
+from common.measure import CollectiveLog
 
 
 #
 # One world per world size (2 and 4) runs every check; each rank returns, per section,
-# its outputs, gradients, parameter shards and the collectives it called (counted by
-# wrapping dist.all_reduce / dist.all_gather inside the rank). All assertions happen
-# here against the unsharded modules run in this process.
+# its outputs, gradients, parameter shards and the collectives it called (recorded by
+# common.measure.CollectiveLog inside the rank, with the ranks of the group each went
+# to). All assertions happen here against the unsharded modules run in this process.
 
 _TP_SIZES = dict(batch=2, seq=5, col_in=6, col_out=8, row_in=8, row_out=6, hidden=8, ffn=16, embed=16, heads=8)
 _TP_TOL = dict(rtol=1e-5, atol=1e-5)
-_tp_calls: list[tuple[str, int]] = []  # (collective, elements sent), filled inside a rank
+_TP_SAME_COLLECTIVE = {"all_gather_into_tensor": "all_gather", "all_gather_single": "all_gather"}
 
 
 def _tp_data(world: int) -> dict:
@@ -40,6 +40,8 @@ def _tp_data(world: int) -> dict:
         return {
             "column": nn.Linear(c["col_in"], c["col_out"]).state_dict(),
             "row": nn.Linear(c["row_in"], c["row_out"]).state_dict(),
+            "column_no_bias": nn.Linear(c["col_in"], c["col_out"], bias=False).state_dict(),
+            "row_no_bias": nn.Linear(c["row_in"], c["row_out"], bias=False).state_dict(),
             "mlp": ref.MLP(c["hidden"], c["ffn"]).state_dict(),
             "attention": ref.SelfAttention(c["embed"], c["heads"]).state_dict(),
             "x_column": torch.randn(b, s, c["col_in"]), "g_column": torch.randn(b, s, c["col_out"]),
@@ -52,25 +54,13 @@ def _tp_data(world: int) -> dict:
         }
 
 
-def _tp_counting(name: str, real):
-    sent = {"all_reduce": (0, "tensor"), "all_gather": (1, "tensor"), "all_gather_into_tensor": (1, "input_tensor")}[name]
-
-    def counted(*args, **kwargs):
-        i, key = sent
-        tensor = args[i] if len(args) > i else kwargs.get(key)
-        _tp_calls.append((name.replace("_into_tensor", ""), tensor.numel() if tensor is not None else -1))
-        return real(*args, **kwargs)
-
-    return counted
-
-
 def _tp_logged(fn):
-    """(fn(), the collectives it called)."""
-    _tp_calls.clear()
-    result = fn()
-    calls = list(_tp_calls)
-    _tp_calls.clear()
-    return result, calls
+    """(fn(), the collectives it called as (name, elements this rank sent, ranks of the group))."""
+    with CollectiveLog() as log:
+        result = fn()
+    world = list(range(dist.get_world_size()))
+    return result, [(_TP_SAME_COLLECTIVE.get(c.name, c.name), c.numel,
+                     tuple(world if c.group is None else dist.get_process_group_ranks(c.group))) for c in log.calls]
 
 
 def _tp_cpu(t):
@@ -108,29 +98,39 @@ def _tp_ops(mod, data, dev):
 def _tp_full(kind: str, mod, data, dev, **kwargs):
     c = _TP_SIZES
     full = {"column": lambda: nn.Linear(c["col_in"], c["col_out"]), "row": lambda: nn.Linear(c["row_in"], c["row_out"]),
+            "column_no_bias": lambda: nn.Linear(c["col_in"], c["col_out"], bias=False),
+            "row_no_bias": lambda: nn.Linear(c["row_in"], c["row_out"], bias=False),
             "mlp": lambda: mod.MLP(c["hidden"], c["ffn"]),
             "attention": lambda: mod.SelfAttention(c["embed"], c["heads"], **kwargs)}[kind]().to(dev)
     full.load_state_dict(data[kind])
     return full
 
 
-def _tp_column(mod, data, dev):
-    rank, world = dist.get_rank(), dist.get_world_size()
+_TP_COLUMN_RUNS = [(False, True), (True, True), (False, False)]  # (gather_output, bias)
+_TP_ROW_RUNS = [(True, True), (False, True), (True, False)]  # (input_is_parallel, bias)
+
+
+def _tp_column(mod, data, dev, group=None):
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
     x, g = data["x_column"].to(dev), data["g_column"].to(dev)
     out = {}
-    for gather in (False, True):
-        layer = mod.ColumnParallelLinear.from_full(_tp_full("column", mod, data, dev), gather_output=gather)
-        out[gather] = _tp_fwd_bwd(layer, x, g if gather else g.chunk(world, dim=-1)[rank])
+    for gather, bias in _TP_COLUMN_RUNS if group is None else [(True, True)]:
+        full = _tp_full("column" if bias else "column_no_bias", mod, data, dev)
+        kwargs = {} if group is None else {"group": group}
+        layer = mod.ColumnParallelLinear.from_full(full, gather_output=gather, **kwargs)
+        out[gather, bias] = _tp_fwd_bwd(layer, x, g if gather else g.chunk(world, dim=-1)[rank])
     return out
 
 
-def _tp_row(mod, data, dev):
-    rank, world = dist.get_rank(), dist.get_world_size()
+def _tp_row(mod, data, dev, group=None):
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
     x, g = data["x_row"].to(dev), data["g_row"].to(dev)
     out = {}
-    for parallel in (True, False):
-        layer = mod.RowParallelLinear.from_full(_tp_full("row", mod, data, dev), input_is_parallel=parallel)
-        out[parallel] = _tp_fwd_bwd(layer, x.chunk(world, dim=-1)[rank] if parallel else x, g)
+    for parallel, bias in _TP_ROW_RUNS if group is None else [(False, True)]:
+        full = _tp_full("row" if bias else "row_no_bias", mod, data, dev)
+        kwargs = {} if group is None else {"group": group}
+        layer = mod.RowParallelLinear.from_full(full, input_is_parallel=parallel, **kwargs)
+        out[parallel, bias] = _tp_fwd_bwd(layer, x.chunk(world, dim=-1)[rank] if parallel else x, g)
     return out
 
 
@@ -170,26 +170,34 @@ def _tp_sizes(mod, data, dev):
     return problems
 
 
+_TP_HALVES = ([0, 1], [2, 3])  # in a world of 4: two tensor-parallel groups of 2
+
+
+def _tp_subgroup(mod, data, dev):
+    """In a world of 4, layers built with group= one of two halves must work within it alone."""
+    groups = [dist.new_group(ranks) for ranks in _TP_HALVES]  # every rank creates both, in the same order
+    group = groups[dist.get_rank() // 2]
+    full = _tp_full("mlp", mod, data, dev)
+    return {"mlp": _tp_fwd_bwd(mod.ParallelMLP.from_full(full, group=group), data["x_mlp"].to(dev), data["g_mlp"].to(dev)),
+            "column": _tp_column(mod, data, dev, group)[True, True],
+            "row": _tp_row(mod, data, dev, group)[False, True]}
+
+
 _TP_SECTIONS = {"ops": _tp_ops, "column": _tp_column, "row": _tp_row, "mlp": _tp_mlp,
-                "attention": _tp_attention, "sizes": _tp_sizes}
+                "attention": _tp_attention, "sizes": _tp_sizes, "subgroup": _tp_subgroup}
 
 
 def _tp_rank(ref: grading.ModuleRef, data: dict):
     mod = ref.load()
     dev = current_device()
-    real = {name: getattr(dist, name) for name in ("all_reduce", "all_gather", "all_gather_into_tensor")}
-    for name, fn in real.items():
-        setattr(dist, name, _tp_counting(name, fn))
     results = {}
-    try:
-        for name, section in _TP_SECTIONS.items():
-            try:
-                results[name] = section(mod, data, dev)
-            except Exception as exc:  # noqa: BLE001 - reported by the test of that section
-                results[name] = {"error": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
-    finally:
-        for name, fn in real.items():
-            setattr(dist, name, fn)
+    for name, section in _TP_SECTIONS.items():
+        if name == "subgroup" and dist.get_world_size() != 4:
+            continue
+        try:
+            results[name] = section(mod, data, dev)
+        except Exception as exc:  # noqa: BLE001 - reported by the test of that section
+            results[name] = {"error": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
     return results
 
 
@@ -229,7 +237,8 @@ def _tp_reference(module: nn.Module, x: torch.Tensor, g: torch.Tensor) -> dict:
 
 
 def _tp_calls_text(calls) -> str:
-    return "[" + ", ".join(f"{op}({n} elements)" for op, n in calls) + "]" if calls else "no collective"
+    return ("[" + ", ".join(f"{op}({n} elements, group of ranks {list(ranks)})" for op, n, ranks in calls) + "]"
+            if calls else "no collective")
 
 
 def _tp_problems(got: dict, expected: dict, shard, what: str, fwd=None, bwd=None) -> list[str]:
@@ -264,6 +273,12 @@ def _tp_problems(got: dict, expected: dict, shard, what: str, fwd=None, bwd=None
         if want is not None and calls is not None and sorted(calls) != sorted(want):
             problems.append(f"{what}: the {phase} pass made {_tp_calls_text(calls)}, expected {_tp_calls_text(want)}")
     return problems
+
+
+def _tp_expect(world: int, *calls, ranks=None) -> list:
+    """Expected collectives: (name, elements) pairs, all in the group of `ranks` (default: the world)."""
+    ranks = tuple(range(world)) if ranks is None else tuple(ranks)
+    return [(name, n, ranks) for name, n in calls]
 
 
 def _tp_rows(rank, world):
@@ -307,61 +322,78 @@ def test_2_7_f_g_gather_scatter_operators(grade, world):
                                  f"different on every rank; {n} elements each):")
 
 
+def _tp_linear_truth(kind: str, data: dict, bias: bool) -> dict:
+    c = _TP_SIZES
+    size = {"column": "col", "row": "row"}[kind]
+    full = nn.Linear(c[f"{size}_in"], c[f"{size}_out"], bias=bias)
+    full.load_state_dict(data[kind if bias else f"{kind}_no_bias"])
+    return _tp_reference(full, data[f"x_{kind}"], data[f"g_{kind}"])
+
+
+def _tp_column_problems(got: dict, data: dict, gather: bool, bias: bool, rank: int, world: int, ranks=None) -> list:
+    c = _TP_SIZES
+    bsi, bso = c["batch"] * c["seq"] * c["col_in"], c["batch"] * c["seq"] * c["col_out"]
+    truth = _tp_linear_truth("column", data, bias)
+    if not gather:
+        truth = dict(truth, y=truth["y"].chunk(world, dim=-1)[rank])
+    where = (f"ColumnParallelLinear(gather_output={gather}, bias={bias}) on rank {rank} of {world}"
+             + (f" in the group of ranks {list(ranks)}" if ranks else ""))
+    return _tp_problems(got, truth, _tp_rows(rank, world), where,
+                        fwd=_tp_expect(world, *([("all_gather", bso // world)] if gather else []), ranks=ranks),
+                        bwd=_tp_expect(world, ("all_reduce", bsi), ranks=ranks))
+
+
+def _tp_row_problems(got: dict, data: dict, parallel: bool, bias: bool, rank: int, world: int, ranks=None) -> list:
+    c = _TP_SIZES
+    bsi, bso = c["batch"] * c["seq"] * c["row_in"], c["batch"] * c["seq"] * c["row_out"]
+    truth = _tp_linear_truth("row", data, bias)
+    if parallel:
+        truth = dict(truth, x_grad=truth["x_grad"].chunk(world, dim=-1)[rank])
+    where = (f"RowParallelLinear(input_is_parallel={parallel}, bias={bias}) on rank {rank} of {world}"
+             + (f" in the group of ranks {list(ranks)}" if ranks else ""))
+    return _tp_problems(got, truth, _tp_cols_or_whole(rank, world), where,
+                        fwd=_tp_expect(world, ("all_reduce", bso), ranks=ranks),
+                        bwd=_tp_expect(world, *([] if parallel else [("all_gather", bsi // world)]), ranks=ranks))
+
+
 @pytest.mark.parametrize("world", _TP_WORLDS)
 def test_2_7_column_parallel_linear_matches_nn_linear(grade, world):
     results = _tp_section(grade("2.7"), world, "column")
-    data, c = _tp_data(world), _TP_SIZES
-    full = nn.Linear(c["col_in"], c["col_out"])
-    full.load_state_dict(data["column"])
-    truth = _tp_reference(full, data["x_column"], data["g_column"])
-    bsi, bso = c["batch"] * c["seq"] * c["col_in"], c["batch"] * c["seq"] * c["col_out"]
-    problems = []
-    for rank, runs in enumerate(results):
-        local = dict(truth, y=truth["y"].chunk(world, dim=-1)[rank])
-        problems += _tp_problems(runs[False], local, _tp_rows(rank, world),
-                                 f"ColumnParallelLinear(gather_output=False) on rank {rank} of {world}",
-                                 fwd=[], bwd=[("all_reduce", bsi)])
-        problems += _tp_problems(runs[True], truth, _tp_rows(rank, world),
-                                 f"ColumnParallelLinear(gather_output=True) on rank {rank} of {world}",
-                                 fwd=[("all_gather", bso // world)], bwd=[("all_reduce", bsi)])
-    assert_no_problems(problems, "each rank must hold rows r*n:(r+1)*n of W and b, output its columns of Y (or all of Y, "
-                                 "gathered), and get the FULL input gradient (f all-reduces it in backward):")
+    data = _tp_data(world)
+    problems = [problem for rank, runs in enumerate(results) for (gather, bias) in _TP_COLUMN_RUNS
+                for problem in _tp_column_problems(runs[gather, bias], data, gather, bias, rank, world)]
+    assert_no_problems(problems, "each rank must hold rows r*n:(r+1)*n of W and b (no b with bias=False), output its "
+                                 "columns of Y (or all of Y, gathered), and get the FULL input gradient (f all-reduces "
+                                 "it in backward):")
 
 
 @pytest.mark.parametrize("world", _TP_WORLDS)
 def test_2_7_row_parallel_linear_matches_nn_linear(grade, world):
     results = _tp_section(grade("2.7"), world, "row")
-    data, c = _tp_data(world), _TP_SIZES
-    full = nn.Linear(c["row_in"], c["row_out"])
-    full.load_state_dict(data["row"])
-    truth = _tp_reference(full, data["x_row"], data["g_row"])
-    bsi, bso = c["batch"] * c["seq"] * c["row_in"], c["batch"] * c["seq"] * c["row_out"]
-    problems = []
-    for rank, runs in enumerate(results):
-        local = dict(truth, x_grad=truth["x_grad"].chunk(world, dim=-1)[rank])
-        problems += _tp_problems(runs[True], local, _tp_cols_or_whole(rank, world),
-                                 f"RowParallelLinear(input_is_parallel=True) on rank {rank} of {world}",
-                                 fwd=[("all_reduce", bso)], bwd=[])
-        problems += _tp_problems(runs[False], truth, _tp_cols_or_whole(rank, world),
-                                 f"RowParallelLinear(input_is_parallel=False) on rank {rank} of {world}",
-                                 fwd=[("all_reduce", bso)], bwd=[("all_gather", bsi // world)])
-    assert_no_problems(problems, "each rank must hold columns r*n:(r+1)*n of W and the whole bias, all-reduce the partial "
-                                 "sums X_r W_r^T and add the bias ONCE, after the reduction:")
+    data = _tp_data(world)
+    problems = [problem for rank, runs in enumerate(results) for (parallel, bias) in _TP_ROW_RUNS
+                for problem in _tp_row_problems(runs[parallel, bias], data, parallel, bias, rank, world)]
+    assert_no_problems(problems, "each rank must hold columns r*n:(r+1)*n of W and the whole bias (none with bias=False), "
+                                 "all-reduce the partial sums X_r W_r^T and add the bias ONCE, after the reduction:")
+
+
+def _tp_mlp_problems(got: dict, data: dict, ref, rank: int, world: int, where: str, one: list) -> list:
+    c = _TP_SIZES
+    full = ref.MLP(c["hidden"], c["ffn"])
+    full.load_state_dict(data["mlp"])
+    truth = _tp_reference(full, data["x_mlp"], data["g_mlp"])
+    rows, cols = _tp_rows(rank, world), _tp_cols_or_whole(rank, world)
+    return _tp_problems(got, truth, lambda name, t: (rows if name.startswith("fc1") else cols)(name, t), where,
+                        fwd=one, bwd=one)
 
 
 @pytest.mark.parametrize("world", _TP_WORLDS)
 def test_2_7_parallel_mlp_matches_reference_one_allreduce_each_way(grade, world):
     results = _tp_section(grade("2.7"), world, "mlp")
     data, c, ref = _tp_data(world), _TP_SIZES, grading.reference("2.7")
-    full = ref.MLP(c["hidden"], c["ffn"])
-    full.load_state_dict(data["mlp"])
-    truth = _tp_reference(full, data["x_mlp"], data["g_mlp"])
-    one = [("all_reduce", c["batch"] * c["seq"] * c["hidden"])]
-    problems = []
-    for rank, got in enumerate(results):
-        rows, cols = _tp_rows(rank, world), _tp_cols_or_whole(rank, world)
-        problems += _tp_problems(got, truth, lambda name, t: (rows if name.startswith("fc1") else cols)(name, t),
-                                 f"ParallelMLP on rank {rank} of {world}", fwd=one, bwd=one)
+    one = _tp_expect(world, ("all_reduce", c["batch"] * c["seq"] * c["hidden"]))
+    problems = [problem for rank, got in enumerate(results)
+                for problem in _tp_mlp_problems(got, data, ref, rank, world, f"ParallelMLP on rank {rank} of {world}", one)]
     assert_no_problems(problems, "ParallelMLP (fc1 column-parallel, GELU, fc2 row-parallel) must equal the unsharded MLP "
                                  "with exactly one all-reduce of b*s*h elements in forward (g) and one in backward (f):")
 
@@ -371,7 +403,7 @@ def test_2_7_parallel_attention_matches_reference_one_allreduce_each_way(grade, 
     results = _tp_section(grade("2.7"), world, "attention")
     data, c, ref = _tp_data(world), _TP_SIZES, grading.reference("2.7")
     e = c["embed"]
-    one = [("all_reduce", c["batch"] * c["seq"] * e)]
+    one = _tp_expect(world, ("all_reduce", c["batch"] * c["seq"] * e))
     problems = []
     for causal in (False, True):
         full = ref.SelfAttention(e, c["heads"], causal=causal)
@@ -389,6 +421,23 @@ def test_2_7_parallel_attention_matches_reference_one_allreduce_each_way(grade, 
     assert_no_problems(problems, f"ParallelSelfAttention ({c['heads']} heads, {c['heads'] // world} per rank) must equal "
                                  "the unsharded SelfAttention; rank r's qkv holds [W_q; W_k; W_v] rows of ITS heads; "
                                  "exactly one all-reduce of b*s*h elements in forward and one in backward:")
+
+
+def test_2_7_layers_built_on_a_group_communicate_only_within_it(grade):
+    """In a world of 4 split into tensor-parallel groups {0, 1} and {2, 3} (built by the test), the layers and the
+    MLP built with group= must equal the unsharded ones with shards of that group, and talk only to that group."""
+    results = _tp_section(grade("2.7"), 4, "subgroup")
+    data, c, ref = _tp_data(4), _TP_SIZES, grading.reference("2.7")
+    problems = []
+    for rank, got in enumerate(results):
+        ranks, tp_rank = _TP_HALVES[rank // 2], rank % 2
+        one = _tp_expect(2, ("all_reduce", c["batch"] * c["seq"] * c["hidden"]), ranks=ranks)
+        problems += _tp_mlp_problems(got["mlp"], data, ref, tp_rank, 2,
+                                     f"ParallelMLP(group={ranks}) on rank {rank} of 4", one)
+        problems += _tp_column_problems(got["column"], data, True, True, tp_rank, 2, ranks=ranks)
+        problems += _tp_row_problems(got["row"], data, False, True, tp_rank, 2, ranks=ranks)
+    assert_no_problems(problems, "with group=, the shards are those of the group's rank (dist.get_rank(group)) and its "
+                                 "size, and every collective goes to that group (group=... in each call):")
 
 
 def test_tensor_parallel_sizes_that_do_not_split_raise_value_error(grade):

@@ -32,6 +32,6 @@ class CheckpointFunction(torch.autograd.Function):
 
 def checkpoint_sequential(blocks, segments, x):
     blocks = list(blocks)
-    for start, end in segment_bounds(len(blocks), segments):
-        x = CheckpointFunction.apply(nn.Sequential(*blocks[start:end]), x)
+    for part in balanced_ranges(len(blocks), segments, "blocks"):
+        x = CheckpointFunction.apply(nn.Sequential(*blocks[part.start:part.stop]), x)
     return x

@@ -26,7 +26,7 @@ class CheckpointFunction(_reference.CheckpointFunction):
 
 def checkpoint_sequential(blocks, segments, x):
     blocks = list(blocks)
-    for start, end in segment_bounds(len(blocks), segments):
-        segment = nn.Sequential(*blocks[start:end])
+    for part in balanced_ranges(len(blocks), segments, "blocks"):
+        segment = nn.Sequential(*blocks[part.start:part.stop])
         x = CheckpointFunction.apply(segment, x, *segment.parameters())
     return x

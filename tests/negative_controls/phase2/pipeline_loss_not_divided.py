@@ -1,6 +1,4 @@
 """Each micro-batch's mean loss is backpropagated as is, not divided by the number of micro-batches: the accumulated gradient is m times too large."""
-import time
-
 import torch
 
 from solutions.phase2_advanced.model_split import Mailbox
@@ -11,36 +9,48 @@ EXERCISE = "2.6"
 CAUGHT_BY = ["test_2_6_gpipe_matches_one_process", "test_2_6_1f1b_matches_one_process"]
 
 
-def run_pipeline(actions, stage, microbatch_inputs, microbatch_targets, loss_fn, trace=None):
-    num_microbatches = _check_actions(actions)  # noqa: F841 - counted, then never used to scale the loss
+def run_pipeline(actions, stage, microbatch_inputs, microbatch_targets, loss_fn):
+    num_microbatches = _check_actions(actions, f"stage {stage.stage_id}")
     box, device = Mailbox(), stage.device
-    inputs, outputs, losses = {}, {}, {}
+    held = {}  # j -> (input, output) of F(j), kept until B(j)
+    losses, total = {}, []  # last stage: j -> loss(j) / m until B(j); the detached losses
+    sent = {}  # j -> Delivery of F(j)'s activation: it surely arrived once dL/d(activation) came back
+    grad_sent = None  # Delivery of the last input gradient sent back (one in flight, as torch's Schedule1F1B)
+
+    def forward(j: int) -> None:  # a function: its locals die with it, so no micro-batch outlives its B
+        if stage.is_first:
+            x = microbatch_inputs[j].to(device)
+        else:
+            x = box.recv_activation(stage.prev_rank, device).requires_grad_()
+        box.post()  # sends queued by the previous action leave now if this one received nothing
+        out = stage(x)
+        if stage.is_last:
+            losses[j] = loss_fn(out, microbatch_targets[j].to(device))
+        else:
+            sent[j] = box.send_activation(out.detach(), stage.next_rank)
+        held[j] = (x, out)
+
+    def backward(j: int) -> None:
+        nonlocal grad_sent
+        x, out = held.pop(j)
+        if stage.is_last:
+            box.post()
+            loss = losses.pop(j)
+            loss.backward()
+            total.append(loss.detach())
+        else:
+            grad = box.recv(torch.empty_like(out), stage.next_rank)  # posts the queued sends too
+            sent.pop(j).wait()  # returns at once: the gradient proves the activation arrived
+            out.backward(grad)
+        if not stage.is_first:
+            if grad_sent is not None:
+                grad_sent.wait()
+            grad_sent = box.send(x.grad, stage.prev_rank)
+
     for kind, j in actions:
         if kind == "F":
-            if stage.is_first:
-                x = microbatch_inputs[j].to(device)
-            else:
-                x = box.recv_activation(stage.prev_rank, device).requires_grad_()
+            forward(j)
         else:
-            x, out = inputs.pop(j), outputs.pop(j)  # dropped after this backward: memory freed
-            grad = None if stage.is_last else box.recv(torch.empty_like(out), stage.next_rank)
-        box.post()  # sends queued by the previous action leave now if this one received nothing
-        start = time.perf_counter()
-        if kind == "F":
-            out = stage(x)
-            if stage.is_last:
-                losses[j] = loss_fn(out, microbatch_targets[j].to(device))
-            inputs[j], outputs[j] = x, out
-        elif stage.is_last:
-            losses[j].backward()
-        else:
-            out.backward(grad)
-        end = time.perf_counter()
-        if kind == "F" and not stage.is_last:
-            box.send_activation(out.detach(), stage.next_rank)
-        if kind == "B" and not stage.is_first:
-            box.send(x.grad, stage.prev_rank)
-        if trace is not None:
-            trace.append((kind, j, start, end))
+            backward(j)
     box.flush()
-    return torch.stack(list(losses.values())).mean().detach() if stage.is_last else None
+    return torch.stack(total).mean() if stage.is_last else None

@@ -6,7 +6,7 @@ from solutions.phase2_advanced import zero as _reference
 from solutions.phase2_advanced.zero import *  # noqa: F401,F403
 
 EXERCISE = "2.4"
-CAUGHT_BY = ["test_2_4_trains_like_data_parallel_adam"]
+CAUGHT_BY = ["test_2_4_gradient_is_averaged_over_ranks_stage3"]
 
 
 class ZeroStage3(_reference.ZeroStage3):

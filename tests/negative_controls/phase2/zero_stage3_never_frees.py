@@ -4,7 +4,7 @@ from solutions.phase2_advanced import zero as _reference
 from solutions.phase2_advanced.zero import *  # noqa: F401,F403
 
 EXERCISE = "2.4"
-CAUGHT_BY = ["test_2_4_state_bytes_match_formula"]
+CAUGHT_BY = ["test_2_4_memory_between_steps_stage3", "test_2_4_peak_memory_stage3"]
 
 
 class ZeroStage3(_reference.ZeroStage3):

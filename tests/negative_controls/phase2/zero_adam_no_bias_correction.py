@@ -1,0 +1,14 @@
+"""adam_update leaves out Adam's bias corrections (1 - b1^t, 1 - b2^t): the first steps are the wrong size."""
+from solutions.phase2_advanced.zero import *  # noqa: F401,F403
+
+EXERCISE = "2.4"
+CAUGHT_BY = ["test_2_4_adam_update_matches_torch_adam"]
+
+
+def adam_update(param, grad, exp_avg, exp_avg_sq, step, lr, betas, eps, weight_decay=0.0):
+    beta1, beta2 = betas
+    if weight_decay != 0:
+        grad = grad.add(param, alpha=weight_decay)
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    param.addcdiv_(exp_avg, exp_avg_sq.sqrt().add_(eps), value=-lr)

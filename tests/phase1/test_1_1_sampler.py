@@ -1,0 +1,136 @@
+"""Graded tests of exercise 1.1, sharding sampler (phase1_data_parallel/guidelines.md, section 1.1).
+
+Run them with `python tests/test_phase1.py -k 1_1` (your code) or
+`pytest tests/test_phase1.py -k 1_1` (the reference); tests/test_phase1.py collects them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler, TensorDataset
+
+
+SAMPLER_CASES = [  # (dataset size, world size, shuffle, drop_last, seed, epoch)
+    (10, 3, True, False, 0, 0), (10, 3, True, True, 0, 0), (12, 4, True, False, 7, 3),
+    (2, 5, True, False, 1, 0), (17, 1, True, False, 0, 2), (9, 2, False, False, 0, 0),
+    (9, 2, False, True, 0, 0), (101, 6, True, False, 42, 5), (101, 6, True, True, 42, 5),
+]
+
+
+def _shards(mod, n, world, shuffle, drop_last, seed, epoch):
+    shards = []
+    for rank in range(world):
+        sampler = mod.ShardSampler(range(n), world, rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        sampler.set_epoch(epoch)
+        shards.append(list(sampler))
+    return shards
+
+
+def test_1_1_matches_torch_distributed_sampler(grade):
+    mod = grade("1.1").load()
+    for n, world, shuffle, drop_last, seed, epoch in SAMPLER_CASES:
+        case = f"n={n}, world={world}, shuffle={shuffle}, drop_last={drop_last}, seed={seed}, epoch={epoch}"
+        for rank, shard in enumerate(_shards(mod, n, world, shuffle, drop_last, seed, epoch)):
+            expected = DistributedSampler(range(n), world, rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+            expected.set_epoch(epoch)
+            assert shard == list(expected), f"{case}: rank {rank} yielded {shard}, torch's DistributedSampler yields {list(expected)}"
+
+
+def test_1_1_shards_are_equal_disjoint_and_cover(grade):
+    mod = grade("1.1").load()
+    for n, world, shuffle, drop_last, seed, epoch in SAMPLER_CASES:
+        case = f"n={n}, world={world}, drop_last={drop_last}"
+        shards = _shards(mod, n, world, shuffle, drop_last, seed, epoch)
+        lengths = [len(s) for s in shards]
+        assert len(set(lengths)) == 1, f"{case}: shard lengths differ across ranks {lengths}: ranks would fall out of step"
+        expected_len = n // world if drop_last else -(-n // world)
+        assert lengths[0] == expected_len, f"{case}: each shard has {lengths[0]} indices, expected {expected_len}"
+        sampler = mod.ShardSampler(range(n), world, 0, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        assert len(sampler) == expected_len, f"{case}: len(sampler) is {len(sampler)}, expected {expected_len}"
+        flat = [i for s in shards for i in s]
+        assert all(0 <= i < n for i in flat), f"{case}: index out of range in {shards}"
+        if drop_last:
+            assert len(set(flat)) == len(flat), f"{case}: shards overlap: {shards}"
+        else:
+            assert set(flat) == set(range(n)), f"{case}: indices {sorted(set(range(n)) - set(flat))} are in no shard"
+            repeats = len(flat) - len(set(flat))
+            assert repeats == world * expected_len - n, f"{case}: {repeats} repeated indices, only the padding may repeat: {shards}"
+
+
+def test_1_1_same_order_on_every_rank_and_new_order_each_epoch(grade):
+    mod = grade("1.1").load()
+    n, world = 40, 4
+
+    def global_order(epoch, seed=0):
+        shards = _shards(mod, n, world, True, False, seed, epoch)
+        return [shards[r][i] for i in range(len(shards[0])) for r in range(world)]
+
+    e0, e1 = global_order(0), global_order(1)
+    assert sorted(e0) == list(range(n)), "with n divisible by world, the interleaved shards must be a permutation of the dataset"
+    assert e0 != list(range(n)), "shuffle=True must shuffle"
+    assert e0 == global_order(0), "the same (seed, epoch) must give the same order (all ranks must agree)"
+    assert e0 != e1, "set_epoch(1) must give a different order than epoch 0 (seed the permutation with seed + epoch)"
+    assert global_order(0, seed=1) != e0, "a different seed must give a different order"
+
+
+@pytest.mark.parametrize("dataset,world,rank", [(range(10), 2, 2), (range(10), 2, -1), (range(10), 0, 0), ([], 2, 0)])
+def test_1_1_bad_arguments_fail_clearly(grade, dataset, world, rank):
+    mod = grade("1.1").load()
+    with pytest.raises(ValueError):
+        mod.ShardSampler(dataset, world, rank)
+
+
+def test_1_1_make_loader_gives_each_rank_its_shard(grade):
+    mod = grade("1.1").load()
+    n, world, batch = 23, 3, 4
+    dataset = TensorDataset(torch.arange(n))
+    seen, first_epoch = [], []
+    for rank in range(world):
+        loader = mod.make_loader(dataset, batch, rank, world, seed=5)
+        assert hasattr(loader.sampler, "set_epoch"), "the loader's sampler must be this rank's ShardSampler (DataLoader(sampler=...))"
+        batches = [b[0].tolist() for b in loader]
+        assert all(len(b) <= batch for b in batches), f"rank {rank}: batch_size is per rank, got batches of {[len(b) for b in batches]}"
+        first_epoch.append([i for b in batches for i in b])
+        loader.sampler.set_epoch(1)
+        seen.append([i for b in loader for i in b[0].tolist()])
+    assert set(i for s in first_epoch for i in s) == set(range(n)), "the ranks' loaders together must cover the dataset"
+    assert seen != first_epoch, "loader.sampler.set_epoch(1) must change the order"
+
+
+def test_1_1_make_loader_honours_shuffle_seed_and_drop_last(grade):
+    mod = grade("1.1").load()
+    n, world, batch = 23, 3, 4
+    dataset = TensorDataset(torch.arange(n))
+    for shuffle in (True, False):
+        for drop_last in (False, True):
+            for seed in (0, 5):
+                case = f"make_loader(n={n}, batch_size={batch}, world={world}, shuffle={shuffle}, seed={seed}, drop_last={drop_last})"
+                for rank in range(world):
+                    loader = mod.make_loader(dataset, batch, rank, world, shuffle=shuffle, seed=seed, drop_last=drop_last)
+                    loader.sampler.set_epoch(2)
+                    got = [b[0].tolist() for b in loader]
+                    order = DistributedSampler(range(n), world, rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+                    order.set_epoch(2)
+                    order = list(order)
+                    expected = [order[i:i + batch] for i in range(0, len(order), batch)]
+                    assert got == expected, (
+                        f"{case}, epoch 2, rank {rank}: batches {got}, expected {expected} (the shard of "
+                        "ShardSampler with these shuffle, seed and drop_last, cut into batches; the last "
+                        "partial batch is kept)")
+
+
+def test_1_1_sampler_leaves_the_global_rng_alone(grade):
+    mod = grade("1.1").load()
+    shards = []
+    for global_seed in (1234, 99):
+        torch.manual_seed(global_seed)
+        state = torch.get_rng_state()
+        sampler = mod.ShardSampler(range(50), 2, 1, shuffle=True, seed=3)
+        sampler.set_epoch(4)
+        shards.append(list(sampler))
+        assert torch.equal(torch.get_rng_state(), state), (
+            "building and iterating the sampler changed the global RNG (torch.manual_seed / torch.randperm "
+            "without a generator): shuffling must use its own torch.Generator, or it silently changes "
+            "dropout, augmentation and initialisation elsewhere")
+    assert shards[0] == shards[1], "the sampler's order changed with the global seed: it must depend only on (seed, epoch)"
