@@ -435,7 +435,8 @@ def _rank_main(rank, world_size, fn, args, kwargs, port, run_dir, deadline, time
     # static objects): every result is out, and ranks were seen to abort (SIGABRT) in
     # that teardown after finishing their work, while their peers closed connections.
     # multiprocessing still runs its finalizers (joins children, releases tqdm's lock):
-    # sys.exit returns through them, then Python's exit calls this first atexit hook.
+    # sys.exit returns through them; then a forked rank leaves by os._exit (that is how
+    # the fork server ends its children), a spawned one by this first atexit hook.
     atexit.register(_exit_now, code)
     sys.exit(code)
 
