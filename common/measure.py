@@ -65,6 +65,7 @@ class Call:
     ops: list = field(default_factory=list)  # batch_isend_irecv: [(op name, peer, numel)]
     peer: int | None = None
     seconds: float = 0.0
+    async_op: bool = False  # called with async_op=True (it returned a Work to wait on)
 
 
 def _message_size(value) -> tuple[int, int, torch.dtype | None]:
@@ -119,7 +120,8 @@ class CollectiveLog:
             bound = signature.bind_partial(*args, **kwargs).arguments
             numel, nbytes, dtype = _message_size(bound.get(arg)) if arg else (0, 0, None)
             peer = bound.get(_PEER_ARG[name]) if name in _PEER_ARG else None
-            call = Call(_RECORDED_AS.get(name, name), numel, nbytes, dtype, bound.get("group"), peer=peer)
+            call = Call(_RECORDED_AS.get(name, name), numel, nbytes, dtype, bound.get("group"), peer=peer,
+                        async_op=bool(bound.get("async_op", False)))
             if name == "batch_isend_irecv":
                 call.ops = [(getattr(op.op, "__wrapped__", op.op).__name__, op.peer, op.tensor.numel())
                             for op in bound.get(arg, [])]
@@ -256,6 +258,76 @@ def ring_elements_sent(call: Call, world_size: int) -> float:
               "reduce_scatter_single": scatter, "all_gather": gather, "all_gather_into_tensor": gather,
               "all_gather_single": gather}.get(call.name, 1.0)
     return factor * call.numel
+
+
+@dataclass
+class PointToPointOp:
+    """One send or receive this rank posted: kind "send" or "recv", the other rank as a
+    GLOBAL rank (None if not given), and the tensor itself (kept alive by the log)."""
+
+    kind: str
+    peer: int | None
+    tensor: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
+
+
+_P2P_KIND = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}
+
+
+class PointToPointLog(CollectiveLog):
+    """A CollectiveLog that also lists every point-to-point op posted, in order, in `ops`.
+
+        with PointToPointLog() as log:
+            ring_all_reduce(x)
+        [(op.kind, op.peer, op.nbytes) for op in log.ops]   # [("send", 1, 4000), ("recv", 3, 4000), ...]
+        log.names()                                         # every torch.distributed call, as CollectiveLog
+
+    send/isend/recv/irecv give one op each, batch_isend_irecv one per op in its list.
+    Peers are global ranks whichever way they were given (dst/src, group_dst/group_src,
+    a P2POp's peer or group_peer). The log holds the tensors, so storages stay alive
+    and distinct while it exists: a buffer allocated at every step shows as many
+    storages (`storage_key`), not as one address reused. With `on_op(kind, peer, tensor)`,
+    each op goes to it as it is posted instead, and the log keeps no tensor alive.
+    """
+
+    def __init__(self, names=None, also_in: tuple = (),
+                 on_op: Callable[[str, int | None, torch.Tensor], None] | None = None):
+        super().__init__(names=names, also_in=also_in)
+        self.ops: list[PointToPointOp] = []
+        self.on_op = on_op
+
+    def _wrap(self, name: str, real: Callable) -> Callable:
+        recorded = super()._wrap(name, real)
+        if name not in _P2P_KIND and name != "batch_isend_irecv":
+            return recorded
+        signature = inspect.signature(real)
+
+        def seen(*args, **kwargs):
+            if not self._depth:  # not called by another watched function (batch_isend_irecv -> isend)
+                bound = signature.bind_partial(*args, **kwargs).arguments
+                if name == "batch_isend_irecv":
+                    posted = [PointToPointOp(_P2P_KIND[inspect.unwrap(op.op).__name__], op.peer, op.tensor)
+                              for op in bound["p2p_op_list"]]  # P2POp.peer is global (torch 2.15)
+                else:
+                    kind = _P2P_KIND[name]
+                    peer = bound.get("dst" if kind == "send" else "src")
+                    group_peer = bound.get("group_dst" if kind == "send" else "group_src")
+                    if peer is None and group_peer is not None:
+                        group = bound.get("group")
+                        peer = dist.get_global_rank(group if group is not None else dist.group.WORLD, group_peer)
+                    posted = [PointToPointOp(kind, peer, bound["tensor"])]
+                if self.on_op is None:
+                    self.ops += posted
+                else:
+                    for op in posted:
+                        self.on_op(op.kind, op.peer, op.tensor)
+            return recorded(*args, **kwargs)
+
+        seen.__wrapped__ = real
+        return seen
 
 
 # ---------------------------------------------------------- saved activations
@@ -477,34 +549,6 @@ class Compute:
 _P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
 
 
-class _PointToPointLog(CollectiveLog):
-    """A CollectiveLog of point-to-point calls that shows `on_op(kind, peer, tensor)` each op's
-    tensor ("send" or "recv"; a batch_isend_irecv once per op, in list order)."""
-
-    def __init__(self, on_op: Callable[[str, int | None, torch.Tensor], None]):
-        super().__init__(names=_P2P)
-        self.on_op = on_op
-
-    def _wrap(self, name: str, real: Callable) -> Callable:
-        recorded = super()._wrap(name, real)
-        signature = inspect.signature(real)
-
-        def seen(*args, **kwargs):
-            if not self._depth:  # not called by another watched function (batch_isend_irecv -> isend)
-                bound = signature.bind_partial(*args, **kwargs).arguments
-                if name == "batch_isend_irecv":
-                    for op in bound["p2p_op_list"]:
-                        kind = getattr(op.op, "__wrapped__", op.op).__name__
-                        self.on_op("send" if kind == "isend" else "recv", op.peer, op.tensor)
-                else:
-                    peer = bound.get("dst") if "send" in name else bound.get("src")
-                    self.on_op("send" if "send" in name else "recv", peer, bound["tensor"])
-            return recorded(*args, **kwargs)
-
-        seen.__wrapped__ = real
-        return seen
-
-
 class StageRecorder:
     """What one pipeline stage computes, posts and holds while a `with` block runs (this rank).
 
@@ -600,7 +644,7 @@ class StageRecorder:
         handles += [p.register_post_accumulate_grad_hook(self._gradient_accumulated)
                     for p in stage.parameters() if p.requires_grad]
         saved = saved_tensors_hooks(self._pack, lambda tensor: tensor)
-        log = _PointToPointLog(self._p2p)
+        log = PointToPointLog(names=_P2P, on_op=self._p2p)
         saved.__enter__()
         log.__enter__()
         self._exits = [lambda: log.__exit__(None, None, None), lambda: saved.__exit__(None, None, None),

@@ -53,6 +53,11 @@ EXERCISES: dict[str, Exercise] = {
         Exercise("2.6", "Pipeline schedules", "phase2_advanced", "pipeline"),
         Exercise("2.7", "Tensor parallelism", "phase2_advanced", "tensor_parallel"),
         Exercise("2.8", "Process groups: DP over TP on a 2-D mesh", "phase2_advanced", "mesh"),
+        Exercise("3.1", "Ring all-reduce from point-to-point messages", "phase3_multi_node", "ring"),
+        Exercise("3.2", "Bucketed DDP with overlap", "phase3_multi_node", "bucketed_ddp"),
+        Exercise("3.3", "Hierarchical (topology-aware) all-reduce", "phase3_multi_node", "hierarchical"),
+        Exercise("3.4", "Parameter servers: sync, async, load-balanced", "phase3_multi_node", "parameter_server"),
+        Exercise("3.5", "Horovod-style DistributedOptimizer", "phase3_multi_node", "distributed_optimizer"),
     ]
 }
 

@@ -236,3 +236,35 @@ def test_bad_calls_fail_before_starting_anything():
 
     with pytest.raises(ValueError, match="module-level"):
         run_world(local, 2)
+
+
+_STUCK_WORKER = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+print("worker started", flush=True)
+with open({pid_file!r} + ".tmp", "w") as f:
+    f.write(f"{{os.getpid()}} {{child.pid}}")
+os.replace({pid_file!r} + ".tmp", {pid_file!r})
+time.sleep(600)
+"""
+
+
+def test_a_torchrun_job_past_its_deadline_is_killed_whole(tmp_path):
+    """torchrun's workers (and what they start) live in sessions of their own: the job
+    must still kill every one of them, and say what each agent printed."""
+    from common.torchrun import Torchrun, TorchrunTimeout
+
+    script, pid_file = tmp_path / "stuck.py", tmp_path / "pids"
+    script.write_text(_STUCK_WORKER.format(pid_file=str(pid_file)))
+    with Torchrun(timeout=120) as job:
+        agent = job.start(["--standalone", "--nproc-per-node=1", str(script)])
+        end = time.monotonic() + 110
+        while not pid_file.exists() and time.monotonic() < end and agent.returncode is None:
+            time.sleep(0.1)
+        assert pid_file.exists(), f"the worker did not start:\n{agent.tail()}"
+        pids = [agent.proc.pid, *map(int, pid_file.read_text().split())]
+        with pytest.raises(TorchrunTimeout) as info:
+            job.wait(timeout=0.5)  # its deadline, from now
+        assert "worker started" in str(info.value), str(info.value)
+        assert not job.processes(), f"processes {job.processes()} outlived the job"
+    assert not _gone_soon(pids), f"agent, worker or the worker's child outlived the job: {pids}"

@@ -98,3 +98,16 @@ def test_phase2_benchmarks_run(command):
     proc = _run([sys.executable, *command], timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip(), "a benchmark must print its table"
+
+
+@pytest.mark.parametrize("command", [
+    ["benchmarks/ring_bench.py", "--nproc", "1", "2", "--max-kib", "4", "--iters", "2", "--repeats", "1"],
+    ["benchmarks/ddp_bench.py", "--model", "mlp", "--batch", "8", "--caps", "0.25", "1", "--rounds", "1"],
+    ["benchmarks/ps_bench.py", "--workers", "1", "--servers", "1", "--width", "16", "--steps", "2", "--epochs", "1",
+     "--batch", "256", "--slow-ms", "0", "--bounds"],
+    ["-m", "solutions.phase3_multi_node.hierarchical", "--nodes", "2", "--ranks-per-node", "2", "--numel", "64"],
+], ids=["ring_bench", "ddp_bench", "ps_bench", "hierarchical_demo"])
+def test_phase3_benchmarks_run(command):
+    proc = _run([sys.executable, *command], timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip(), "a benchmark must print its table"

@@ -1,0 +1,303 @@
+r"""Exercise 3.4: parameter servers, synchronous, asynchronous (stale-synchronous) and load-balanced.
+
+K server ranks own the parameters, a shard each; W worker ranks hold a replica of the model,
+compute gradients on their own data, push them to the servers and pull fresh parameters:
+
+      ranks 0..K-1   servers   server k keeps the parameters i with assignment[i] == k
+      ranks K..K+W-1 workers   each step: gradient -> every server, parameters <- every server
+
+        worker K        worker K+1       worker K+2          per step, server k receives W
+          |  \  push g_k  /  |  \          /  |               gradients of its shard and sends
+          |   \ pull w_k /   |   \        /   |               W copies of it: 2 W S_k bytes,
+        server 0 (shard 0)              server 1 (shard 1)   the "hot spot" of the design
+
+Modes (`mode=`):
+  "sync"   a server waits for one gradient from every active worker, averages them, steps once
+           (version += 1) and only then answers them all: W workers with batch B each compute
+           exactly SGD on the concatenated batch of W*B samples.
+  "async"  a server applies each gradient on arrival, w <- w - lr*g, and answers that worker
+           at once: version += 1 per gradient. The gradient was computed on an older version;
+           staleness = server version at arrival - version the worker computed on.
+           `staleness_bound=s` (stale-synchronous parallel): a worker is not answered while it
+           is more than s steps ahead of the slowest active worker (s=0: lock-step rounds).
+
+Messages, all point-to-point on a gloo group (torch.distributed, no RPC):
+  worker -> server   header int64 [kind, version] (tag HEADER_TAG), kind PULL, PUSH or DONE;
+                     a PUSH is followed by the flat gradient of the server's shard (DATA_TAG)
+  server -> worker   int64 [version] (HEADER_TAG), then the flat shard (DATA_TAG)
+A server serves workers in arrival order: it receives the next header from ANY source
+(`dist.recv(header, src=None)`, which gloo supports and NCCL does not), then the rest
+from that worker. Every reply is an isend: on gloo (torch 2.15) a blocking `dist.send`
+returns only once the peer has posted its receive, and a server blocked on one worker
+while that worker pushes to another server can close a cycle (phase3 guidelines, 3.4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.distributed as dist
+
+PULL, PUSH, DONE = 0, 1, 2
+HEADER_TAG, DATA_TAG = 1, 2
+# The parameter-server traffic runs on gloo (receive-from-any-source), whose point-to-point
+# messages live in host memory: servers keep their shards there, as PS hosts do; a worker's
+# model may sit on a GPU and is copied through this device.
+PS_DEVICE = torch.device("cpu")
+
+
+# ------------------------------------------------------------ which server owns what
+
+
+def assign_parameters(sizes: list[int], num_servers: int) -> list[int]:
+    """Greedy largest-first bin packing: the server of each parameter, balancing bytes.
+
+    sizes[i]: bytes (or elements) of parameter i. Parameters are placed in order of
+    decreasing size (equal sizes: lower index first), each on the server with the least
+    load so far (equal loads: lower server index). Returns assignment[i] in 0..num_servers-1.
+    """
+    # EXERCISE 3.4: assignment[i] = the server of parameter i, placed largest first on the least-loaded server with the tie rules of the docstring (pointer: sorted with a key)
+    loads = [0] * num_servers
+    assignment = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        server = min(range(num_servers), key=lambda k: (loads[k], k))
+        assignment[i] = server
+        loads[server] += sizes[i]
+    return assignment
+    # END EXERCISE
+
+
+def round_robin(sizes: list[int], num_servers: int) -> list[int]:
+    """Parameter i on server i % num_servers, whatever its size (the naive assignment)."""
+    return [i % num_servers for i in range(len(sizes))]
+
+
+def server_loads(sizes: list[int], assignment: list[int], num_servers: int) -> list[int]:
+    """Total size each server owns under `assignment`."""
+    loads = [0] * num_servers
+    for size, server in zip(sizes, assignment):
+        loads[server] += size
+    return loads
+
+
+def load_ratio(loads: list[int]) -> float:
+    """max / min load: 1.0 is perfect balance; inf when a server owns nothing."""
+    return max(loads) / min(loads) if min(loads) > 0 else float("inf")
+
+
+def shard_of(assignment: list[int], server: int) -> list[int]:
+    """Indices of the parameters `server` owns, in parameter order (its flat layout)."""
+    return [i for i, owner in enumerate(assignment) if owner == server]
+
+
+def flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """One flat float tensor on PS_DEVICE holding `tensors` end to end (a copy)."""
+    return torch.cat([t.detach().reshape(-1).to(PS_DEVICE) for t in tensors])
+
+
+@torch.no_grad()
+def unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    """Copy `flat` (as laid out by `flatten`) back into `tensors`, on their own devices."""
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
+def ps_group():
+    """The group the parameter-server messages travel on; call it on EVERY rank, first.
+
+    gloo's world group as is; under NCCL a new gloo group of the same ranks (NCCL has no
+    receive-from-any-source). Same ranks, same order: group rank = global rank.
+    """
+    return None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+
+
+# ------------------------------------------------------------ the server
+
+
+@dataclass
+class ServerRecord:
+    """What a server returns once every worker is done.
+
+    params: index in the model's parameter list -> its final value (the server's shard).
+    version: updates applied (sync: steps; async: gradients).
+    staleness: (worker rank, staleness) of every gradient, in arrival order.
+    """
+
+    params: dict[int, torch.Tensor]
+    version: int
+    staleness: list[tuple[int, int]] = field(default_factory=list)
+
+
+class ParameterServer:
+    """Server rank k (< num_servers): owns shard_of(assignment, k) of `params`.
+
+    params: the model's parameters (their initial values; the same list on every rank).
+    Workers are the ranks num_servers..world_size-1 of `group`: None (the world) on gloo,
+    ps_group() under NCCL. `serve()` answers them until each has sent DONE.
+    """
+
+    def __init__(self, params: list[torch.Tensor], assignment: list[int], num_servers: int, lr: float,
+                 mode: str = "sync", staleness_bound: int | None = None, group=None):
+        if mode not in ("sync", "async"):
+            raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
+        self.group, self.lr, self.mode, self.bound = group, lr, mode, staleness_bound
+        self.rank = dist.get_rank(group)
+        self.owned = shard_of(assignment, self.rank)
+        if not self.owned:
+            raise ValueError(f"server {self.rank} owns no parameter: use fewer servers than parameters")
+        self.shapes = [params[i].shape for i in self.owned]
+        self.shard = flatten([params[i] for i in self.owned])  # this server's parameters, flat
+        self.version = 0
+        self.active = set(range(num_servers, dist.get_world_size(group)))  # workers not done yet
+        self.clock = {w: 0 for w in self.active}  # gradients received from each worker
+        self.staleness: list[tuple[int, int]] = []
+        self.grad_sum = torch.zeros_like(self.shard)  # sync: the gradients of this round, summed
+        self.pushed: list[int] = []  # sync: workers that pushed in this round
+        self.waiting: list[int] = []  # async: workers whose reply is held back (staleness bound)
+        self.sending: dict[int, list] = {}  # worker -> (work, tensor) of its reply in flight
+
+    def reply(self, worker: int) -> None:
+        """Send `worker` the current version and a snapshot of the shard (isend, never blocks)."""
+        for work, _ in self.sending.pop(worker, []):
+            work.wait()  # the previous reply (the worker has received it: it pushed since)
+        version = torch.tensor([self.version], dtype=torch.int64, device=PS_DEVICE)
+        snapshot = self.shard.clone()  # the shard changes while the send is in flight
+        self.sending[worker] = [(dist.isend(version, worker, self.group, tag=HEADER_TAG), version),
+                                (dist.isend(snapshot, worker, self.group, tag=DATA_TAG), snapshot)]
+
+    def serve(self) -> ServerRecord:
+        """Answer workers in arrival order until every worker has sent DONE; then return the record."""
+        # EXERCISE 3.4: loop while workers are active: receive a header from any worker, then by its kind reply (PULL), receive the gradient and call on_push_sync/on_push_async (PUSH), or retire the worker (DONE: a sync round or a held reply may now complete); finally wait for every reply in flight (pointer: dist.recv with src=None returns the sender)
+        while self.active:
+            header = torch.empty(2, dtype=torch.int64, device=PS_DEVICE)
+            worker = dist.recv(header, src=None, group=self.group, tag=HEADER_TAG)
+            kind, version = header.tolist()
+            if kind == PULL:
+                self.reply(worker)
+            elif kind == PUSH:
+                grad = torch.empty_like(self.shard)
+                dist.recv(grad, src=worker, group=self.group, tag=DATA_TAG)
+                if self.mode == "sync":
+                    self.on_push_sync(worker, version, grad)
+                else:
+                    self.on_push_async(worker, version, grad)
+            elif kind == DONE:
+                self.active.discard(worker)
+                if self.mode == "sync" and self.pushed and set(self.pushed) >= self.active:
+                    self.step_round()
+                if self.mode == "async":
+                    self.release_waiting()
+            else:
+                raise RuntimeError(f"server {self.rank}: unknown message kind {kind} from rank {worker}")
+        for works in self.sending.values():
+            for work, _ in works:
+                work.wait()
+        # END EXERCISE
+        values = self.shard.split([shape.numel() for shape in self.shapes])
+        return ServerRecord({i: v.view(shape).clone() for i, v, shape in zip(self.owned, values, self.shapes)},
+                            self.version, self.staleness)
+
+    def on_push_sync(self, worker: int, version: int, grad: torch.Tensor) -> None:
+        """A gradient of this round from `worker`; once every active worker has pushed: step_round()."""
+        # EXERCISE 3.4: record the staleness (0 here: everybody computed on this version), add the gradient to the round's sum and, once every active worker has pushed, step_round(); nobody is answered before the step
+        self.staleness.append((worker, self.version - version))
+        self.grad_sum += grad
+        self.pushed.append(worker)
+        if set(self.pushed) >= self.active:
+            self.step_round()
+        # END EXERCISE
+
+    def step_round(self) -> None:
+        """Sync: one SGD step with the mean of this round's gradients, then answer the round's workers."""
+        # EXERCISE 3.4: one SGD step with the mean of the round's gradients (version + 1), then answer every worker of the round and start an empty round
+        self.shard.add_(self.grad_sum, alpha=-self.lr / len(self.pushed))
+        self.version += 1
+        for worker in self.pushed:
+            self.reply(worker)
+        self.grad_sum.zero_()
+        self.pushed = []
+        # END EXERCISE
+
+    def on_push_async(self, worker: int, version: int, grad: torch.Tensor) -> None:
+        """Apply `grad` (computed on `version`) now; answer `worker` when the staleness bound allows."""
+        # EXERCISE 3.4: record (worker, staleness) with staleness = this server's version now - the version the gradient was computed on; apply it (SGD step, version + 1, one more step on the worker's clock); then the worker waits for its reply in release_waiting
+        self.staleness.append((worker, self.version - version))
+        self.shard.add_(grad, alpha=-self.lr)
+        self.version += 1
+        self.clock[worker] += 1
+        self.waiting.append(worker)
+        self.release_waiting()
+        # END EXERCISE
+
+    def release_waiting(self) -> None:
+        """Reply to each waiting worker that is at most `staleness_bound` steps ahead of the slowest active one."""
+        # EXERCISE 3.4: without a bound every waiting worker is answered; with bound s, only those whose clock is at most s above the smallest clock among the active workers (the others stay waiting)
+        if not self.waiting:
+            return
+        slowest = min(self.clock[w] for w in self.active)
+        for worker in list(self.waiting):
+            if self.bound is None or self.clock[worker] - slowest <= self.bound:
+                self.waiting.remove(worker)
+                self.reply(worker)
+        # END EXERCISE
+
+
+# ------------------------------------------------------------ the worker
+
+
+def run_worker(model: torch.nn.Module, batches: Iterable[Any], loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+               assignment: list[int], num_servers: int, group=None) -> int:
+    """Train `model` through the servers (ranks >= num_servers call this); returns the steps taken.
+
+    First pull every shard (the servers' values replace the model's). Then per batch:
+    loss_fn(model, batch).backward(); push each server its shard of the gradient (a
+    parameter without .grad pushes zeros) with the version of that shard the gradient was
+    computed on; receive every server's answer (version, fresh shard) into the model.
+    Finally tell every server DONE. Afterwards the model holds the last parameters pulled.
+    Servers are ranks 0..num_servers-1 of `group` (as for ParameterServer).
+    """
+    # EXERCISE 3.4: pull, then per batch backward/push/pull as the docstring says, then DONE to every server; headers are int64 [kind, version] on HEADER_TAG, tensors on DATA_TAG; post every message of a step with isend/irecv before waiting on any (a blocking send to one server while another waits for you can deadlock)
+    params = list(model.parameters())
+    shards = [[params[i] for i in shard_of(assignment, k)] for k in range(num_servers)]
+    versions = [0] * num_servers
+
+    def post(kind: int) -> list:
+        sent = []
+        for k, owned in enumerate(shards):
+            header = torch.tensor([kind, versions[k]], dtype=torch.int64, device=PS_DEVICE)
+            sent.append((dist.isend(header, k, group, tag=HEADER_TAG), header))
+            if kind == PUSH:
+                grad = flatten([p.grad if p.grad is not None else torch.zeros_like(p) for p in owned])
+                sent.append((dist.isend(grad, k, group, tag=DATA_TAG), grad))
+        return sent
+
+    def pull(sent: list) -> None:
+        answers = []
+        for k, owned in enumerate(shards):
+            version = torch.empty(1, dtype=torch.int64, device=PS_DEVICE)
+            flat = torch.empty(sum(p.numel() for p in owned), dtype=owned[0].dtype, device=PS_DEVICE)
+            answers.append((dist.irecv(version, k, group, tag=HEADER_TAG), dist.irecv(flat, k, group, tag=DATA_TAG),
+                            version, flat))
+        for work, _ in sent:
+            work.wait()
+        for k, (got_version, got_flat, version, flat) in enumerate(answers):
+            got_version.wait()
+            got_flat.wait()
+            versions[k] = int(version.item())
+            unflatten_into(flat, shards[k])
+
+    pull(post(PULL))
+    steps = 0
+    for batch in batches:
+        model.zero_grad(set_to_none=True)
+        loss_fn(model, batch).backward()
+        pull(post(PUSH))
+        steps += 1
+    for work, _ in post(DONE):
+        work.wait()
+    return steps
+    # END EXERCISE

@@ -1,0 +1,19 @@
+"""Cost model: the k ranks of a node that cross the network at once each get a whole NIC, even when the node has fewer NICs than ranks."""
+from solutions.phase3_multi_node.hierarchical import *  # noqa: F401,F403
+
+EXERCISE = "3.3"
+CAUGHT_BY = ["test_3_3_cost_model_matches_the_alpha_beta_formula"]
+
+
+def predict_seconds(nbytes, num_nodes, ranks_per_node, intra, inter, nics_per_node=None):
+    n, k = num_nodes, ranks_per_node
+    p = n * k
+    if p == 1:
+        return {"flat_ring": 0.0, "hierarchical": 0.0}
+    chunk = nbytes / p
+    step = intra.alpha + chunk / intra.bandwidth
+    if n > 1:
+        step = max(step, inter.alpha + chunk / inter.bandwidth)
+    in_node = 2 * (k - 1) * (intra.alpha + nbytes / k / intra.bandwidth)
+    across = 2 * (n - 1) * (inter.alpha + nbytes / (k * n) / inter.bandwidth)
+    return {"flat_ring": 2 * (p - 1) * step, "hierarchical": in_node + across}

@@ -1,0 +1,32 @@
+"""Reduce-scatter copied from a textbook (step s: send chunk r - s, add into chunk r - s - 1), so rank r
+ends with chunk r + 1 complete, not chunk r; the all-gather then spreads chunk r, which is only a partial sum."""
+import torch
+
+from solutions.phase3_multi_node import ring as _reference
+from solutions.phase3_multi_node.ring import *  # noqa: F401,F403
+from solutions.phase3_multi_node.ring import ring_all_gather, ring_neighbours, send_recv
+
+EXERCISE = "3.1"
+CAUGHT_BY = ["test_3_1_ring_all_reduce_equals_dist_all_reduce", "test_3_1_reduce_scatter_and_all_gather_alone"]
+
+
+def ring_reduce_scatter(tensor, op="sum", group=None):
+    _reference._check(tensor, op)
+    rank, size, previous, following = ring_neighbours(group)
+    chunks = torch.tensor_split(tensor.view(-1), size)
+    incoming = torch.empty_like(chunks[0])
+    for step in range(size - 1):
+        target = chunks[(rank - step - 1) % size]
+        received = incoming[: target.numel()]
+        send_recv(chunks[(rank - step) % size], following, received, previous, group)
+        target.add_(received)
+    if op == "avg":
+        chunks[rank].div_(size)
+    return tensor
+
+
+def ring_all_reduce(tensor, op="sum", group=None):
+    _reference._check(tensor, op)
+    ring_reduce_scatter(tensor, op, group)
+    ring_all_gather(tensor, group)
+    return tensor

@@ -1,0 +1,415 @@
+"""Graded tests of exercise 3.2, a bucketed DDP with overlap (phase3_multi_node/guidelines.md, section 3.2).
+
+Run them with `python tests/test_phase3.py -k 3_2` (your code) or
+`pytest tests/test_phase3.py -k 3_2` (the reference); tests/test_phase3.py collects them.
+
+One world of 3 ranks runs every scenario next to torch's own DistributedDataParallel
+(same models, same data), and each test reads the scenarios it grades. What is graded
+is behaviour: the gradients torch DDP produces, the all_reduce calls a step makes (how
+many, asynchronous or not) and when they are launched relative to the gradient hooks of
+the first layer (an order of events, no clock). Bucket assignment is graded against the
+rule its docstring states.
+"""
+
+from __future__ import annotations
+
+import traceback
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import grading
+from common.launch import WorldTimeout, run_world
+from common.measure import CollectiveLog
+from compare import assert_no_problems, diff_report
+
+_WORLD = 3
+_AGREE_S = 20  # how long ranks wait for each other between scenarios
+_CAP_BYTES = 1100  # Net's 10 parameters (3136 bytes) -> 3 buckets, see _EXPECTED_BUCKETS
+_TOL = dict(rtol=1e-4, atol=1e-6)
+
+
+class Net(nn.Module):
+    """first -> BatchNorm -> mid -> (+ branch, while use_branch) -> last.
+
+    Parameter bytes in registration order: first 384+64, bn 64+64, mid 1024+64,
+    branch 1024+64, last 320+20.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Linear(6, 16)
+        self.bn = nn.BatchNorm1d(16)
+        self.mid = nn.Linear(16, 16)
+        self.branch = nn.Linear(16, 16)
+        self.last = nn.Linear(16, 5)
+        self.use_branch = True
+
+    def forward(self, x):
+        h = F.relu(self.bn(self.first(x)))
+        h = F.relu(self.mid(h))
+        if self.use_branch:
+            h = h + self.branch(h)
+        return self.last(h)
+
+
+# The rule of assign_buckets at _CAP_BYTES, walked by hand from the last parameter:
+# last.b 20 + last.w 320 + branch.b 64 + branch.w 1024 = 1428 >= 1100: closes;
+# mid.b 64 + mid.w 1024 + bn.b 64 = 1152: closes; bn.w, first.b, first.w stay open.
+_EXPECTED_BUCKETS = [[9, 8, 7, 6], [5, 4, 3], [2, 1, 0]]
+
+
+def _net(seed: int) -> Net:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = Net()
+    with torch.no_grad():  # buffers that differ per seed too (BatchNorm's running statistics)
+        net.bn.running_mean.fill_(float(seed))
+        net.bn.running_var.fill_(1.0 + seed)
+        net.bn.num_batches_tracked.fill_(seed)
+    return net
+
+
+def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uneven local batches: rank r has 3 + 2r samples."""
+    gen = torch.Generator().manual_seed(100 * step + rank)
+    n = 3 + 2 * rank
+    return torch.randn(n, 6, generator=gen), torch.randint(0, 5, (n,), generator=gen)
+
+
+def _grads(net: nn.Module) -> dict:
+    return {name: None if p.grad is None else p.grad.detach().clone() for name, p in net.named_parameters()}
+
+
+def _loss(model, step: int, rank: int) -> torch.Tensor:
+    x, y = _batch(step, rank)
+    return F.cross_entropy(model(x), y)
+
+
+def _log(mod, events=None) -> CollectiveLog:
+    on_call = None if events is None else (lambda call: events.append(("collective", call.name)))
+    return CollectiveLog(on_call=on_call, also_in=(mod,))
+
+
+def _calls(log: CollectiveLog) -> list[tuple[str, bool]]:
+    return [(call.name, call.async_op) for call in log.calls]
+
+
+# ---------------------------------------------------------------- inside a rank
+
+
+def _scenario_train(mod, rank: int) -> dict:
+    """3 SGD steps (momentum) of BucketedDDP and torch DDP on uneven batches; events of step 1."""
+    ours_net, torch_net = _net(seed=rank), _net(seed=rank)  # different on every rank: broadcast decides
+    ours = mod.BucketedDDP(ours_net, bucket_cap_mb=_CAP_BYTES / 2**20)
+    after_init = {k: v.clone() for k, v in ours_net.state_dict().items()}
+    ref = DDP(torch_net)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (ours_net, torch_net)]
+    events: list = []
+    recording = [True]  # step 1 only
+    # Backward reaches the first layer when the gradient of its output is ready (this tensor
+    # hook), before it computes first.weight's and first.bias's gradients.
+    def watch_first_output(module, args, out):
+        out.register_hook(lambda grad: events.append(("backward reaches", "first")) if recording[0] else None)
+
+    ours_net.first.register_forward_hook(watch_first_output)
+    steps = []
+    for step in range(3):
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        with _log(mod, events if step == 0 else None) as log:
+            _loss(ours, step, rank).backward()
+            if recording[0]:
+                events.append(("backward returned",))
+        recording[0] = False
+        _loss(ref, step, rank).backward()
+        steps.append({"ours": _grads(ours_net), "torch": _grads(torch_net), "calls": _calls(log)})
+        for opt in opts:
+            opt.step()
+    return {"after_init": after_init, "steps": steps, "events": events,
+            "final": {"ours": dict(ours_net.named_parameters()), "torch": dict(torch_net.named_parameters())}}
+
+
+def _scenario_no_sync(mod, rank: int) -> dict:
+    """DDP's mixed cases: forward and backward on either side of no_sync()."""
+    ours_net, torch_net = _net(seed=7), _net(seed=7)
+    ours = mod.BucketedDDP(ours_net, bucket_cap_mb=_CAP_BYTES / 2**20)
+    ref = DDP(torch_net)
+    out = {}
+
+    def case(name, run):
+        ours_net.zero_grad(set_to_none=True)
+        torch_net.zero_grad(set_to_none=True)
+        with _log(mod) as log:
+            run(ours)
+        run(ref)
+        out[name] = {"ours": _grads(ours_net), "torch": _grads(torch_net), "calls": _calls(log)}
+
+    def forward_inside(model):
+        with model.no_sync():
+            loss = _loss(model, 0, rank)
+        loss.backward()
+
+    def backward_inside(model):
+        loss = _loss(model, 1, rank)
+        with model.no_sync():
+            loss.backward()
+
+    def accumulate(model):
+        with model.no_sync():
+            _loss(model, 2, rank).backward()
+        _loss(model, 3, rank).backward()
+
+    case("forward inside no_sync(), backward outside", forward_inside)
+    case("forward outside no_sync(), backward inside", backward_inside)
+    case("2 micro-batches, the first inside no_sync()", accumulate)
+    return out
+
+
+def _scenario_unused(mod, rank: int) -> dict:
+    """Step 1: `branch` unused on rank 0 only; step 2: unused on every rank."""
+    ours_net, torch_net = _net(seed=3), _net(seed=3)
+    ours = mod.BucketedDDP(ours_net, bucket_cap_mb=_CAP_BYTES / 2**20)
+    ref = DDP(torch_net, find_unused_parameters=True)
+    out = []
+    for step, use_branch in enumerate([rank != 0, False]):
+        ours_net.use_branch = torch_net.use_branch = use_branch
+        ours_net.zero_grad(set_to_none=True)
+        torch_net.zero_grad(set_to_none=True)
+        with _log(mod) as log:
+            _loss(ours, step, rank).backward()
+        _loss(ref, step, rank).backward()
+        out.append({"ours": _grads(ours_net), "torch": _grads(torch_net), "calls": _calls(log)})
+    return out
+
+
+_SCENARIOS = {"train": _scenario_train, "no_sync": _scenario_no_sync, "unused": _scenario_unused}
+
+
+def _ddp_rank(ref: grading.ModuleRef) -> dict:
+    """{scenario: ("done", results) | ("todo", message) | ("error", message, traceback)}.
+
+    A scenario that raises is reported by its own tests, and the next one runs once every
+    rank has finished this one (a rank that cannot agree ends the world with its error).
+    """
+    mod = ref.load()
+    rank = dist.get_rank()
+    finished = dist.new_group(backend="gloo", timeout=timedelta(seconds=_AGREE_S))
+    results = {}
+    for name, scenario in _SCENARIOS.items():
+        error = None
+        try:
+            results[name] = ("done", scenario(mod, rank))
+        except Exception as exc:  # noqa: BLE001 - reported by the tests of this scenario only
+            error = exc
+            todo = isinstance(exc, NotImplementedError) and str(exc).startswith("TODO")
+            results[name] = ("todo", str(exc)) if todo else \
+                ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        try:
+            dist.barrier(group=finished)
+        except Exception:  # noqa: BLE001 - another rank is stuck where this one left
+            if error is not None:
+                raise error from None
+            raise
+    return results
+
+
+# ---------------------------------------------------------------- in the parent
+
+_worlds: dict = {}  # ModuleRef -> per-rank results, or the exception the world ended with
+
+
+def _results(ref: grading.ModuleRef, name: str) -> list:
+    """Per rank, the results of one scenario; one world shared by every test."""
+    if ref not in _worlds:
+        try:
+            _worlds[ref] = run_world(_ddp_rank, _WORLD, args=(ref,))
+        except WorldTimeout as exc:
+            _worlds[ref] = AssertionError(f"the world of {_WORLD} ranks did not finish (a rank waits for a "
+                                          f"collective another never launched?): {exc}")
+        except Exception as exc:  # noqa: BLE001 - e.g. a rank could not load the module
+            _worlds[ref] = exc
+    got = _worlds[ref]
+    if isinstance(got, BaseException):
+        raise got
+    per_rank = [r[name] for r in got]
+    todo = next((r[1] for r in per_rank if r[0] == "todo"), None)
+    if todo:
+        raise NotImplementedError(todo)
+    for rank, r in enumerate(per_rank):
+        if r[0] == "error":
+            pytest.fail(f"scenario {name!r} raised on rank {rank}: {r[1]}\n{r[2]}", pytrace=False)
+    return [r[1] for r in per_rank]
+
+
+def _grad_problems(ours: dict, expected: dict, what: str) -> list[str]:
+    problems = []
+    for name, want in expected.items():
+        got = ours[name]
+        if (got is None) != (want is None):
+            problems.append(f"{what}, {name}.grad: {'None' if got is None else 'a tensor'}, torch DDP gives "
+                            f"{'None' if want is None else 'a tensor'}")
+        elif got is not None:
+            problem = diff_report(got, want, f"{what}, {name}.grad", **_TOL)
+            if problem:
+                problems.append(problem)
+    return problems
+
+
+def _count_problems(calls: list, what: str) -> list[str]:
+    problems = []
+    names = [name for name, _ in calls]
+    if names != ["all_reduce"] * len(_EXPECTED_BUCKETS):
+        problems.append(f"{what}: called {names or 'no collective'}; expected one all_reduce per bucket, "
+                        f"{len(_EXPECTED_BUCKETS)} (buckets {_EXPECTED_BUCKETS} at {_CAP_BYTES} bytes)")
+    blocking = sum(1 for name, is_async in calls if name == "all_reduce" and not is_async)
+    if blocking:
+        problems.append(f"{what}: {blocking} all_reduce call(s) without async_op=True; a blocking call "
+                        "inside a gradient hook stops backward until the network is done (no overlap)")
+    return problems
+
+
+def test_3_2_assign_buckets_follows_the_rule(grade):
+    mod = grade("3.2").load()
+
+    def params(*specs):  # (numel, dtype, device, requires_grad)
+        return [torch.zeros(n, dtype=dt, device=dev).requires_grad_(rg) for n, dt, dev, rg in specs]
+
+    f32, f64 = torch.float32, torch.float64
+    net = Net()
+    cases = [
+        ("Net of this test, 1100 bytes", list(net.parameters()), _CAP_BYTES, _EXPECTED_BUCKETS),
+        ("the docstring's example", params((10, f32, "cpu", True), (10, f32, "cpu", True),
+                                           (30, f32, "cpu", True), (5, f32, "cpu", True)), 80, [[3, 2], [1, 0]]),
+        ("a bucket closes when it REACHES the cap (>=)", params(*[(5, f32, "cpu", True)] * 3), 40, [[2, 1], [0]]),
+        ("a parameter larger than the cap closes the bucket it joins",
+         params((2, f32, "cpu", True), (100, f32, "cpu", True), (2, f32, "cpu", True), (2, f32, "cpu", True)),
+         32, [[3, 2, 1], [0]]),
+        ("a parameter larger than the cap, into an empty bucket", params((2, f32, "cpu", True), (100, f32, "cpu", True)),
+         32, [[1], [0]]),
+        ("frozen parameters (requires_grad=False) are left out",
+         params((5, f32, "cpu", True), (5, f32, "cpu", False), (5, f32, "cpu", True), (5, f32, "cpu", False)),
+         1000, [[2, 0]]),
+        ("one open bucket per dtype", params((10, f32, "cpu", True), (10, f64, "cpu", True), (10, f32, "cpu", True),
+                                             (10, f64, "cpu", True), (10, f32, "cpu", True)), 80, [[3], [4, 2], [1], [0]]),
+        ("one open bucket per device", params((10, f32, "cpu", True), (10, f32, "meta", True), (10, f32, "cpu", True)),
+         80, [[2, 0], [1]]),
+        ("leftover buckets in the order they were opened",
+         params((1, f64, "cpu", True), (1, f32, "cpu", True), (1, f64, "cpu", True)), 1000, [[2, 0], [1]]),
+    ]
+    problems = []
+    for what, ps, cap, expected in cases:
+        got = mod.assign_buckets(ps, cap)
+        if [list(b) for b in got] != expected:
+            sizes = [(p.numel() * p.element_size(), str(p.dtype).replace("torch.", ""), p.device.type,
+                      "" if p.requires_grad else "frozen") for p in ps]
+            problems.append(f"{what}: assign_buckets(params of bytes {sizes}, cap_bytes={cap}) returned "
+                            f"{got}, expected {expected}")
+    assert_no_problems(problems, "assign_buckets differs from the rule in its docstring:")
+
+
+def test_3_2_gradients_equal_torch_ddp(grade):
+    ranks = _results(grade("3.2"), "train")
+    problems = []
+    for rank, r in enumerate(ranks):
+        for step, s in enumerate(r["steps"], start=1):
+            problems += _grad_problems(s["ours"], s["torch"], f"step {step}, rank {rank} of {_WORLD} (local batch "
+                                       f"{3 + 2 * rank})")
+        for key, want in r["final"]["torch"].items():
+            problem = diff_report(r["final"]["ours"][key].detach(), want.detach(),
+                                  f"rank {rank}, {key} after 3 SGD steps", **_TOL)
+            if problem:
+                problems.append(problem)
+    assert_no_problems(problems, "BucketedDDP's gradients differ from torch DDP's (same models, uneven batches of "
+                                 "3, 5, 7 samples); DDP's gradient is the MEAN over ranks of each rank's gradient:")
+
+
+def test_3_2_broadcast_parameters_and_buffers_at_construction(grade):
+    ranks = _results(grade("3.2"), "train")
+    rank0 = _net(seed=0).state_dict()
+    problems = []
+    for rank, r in enumerate(ranks):
+        for key, want in rank0.items():
+            got = r["after_init"][key]
+            kind = "buffer" if key.startswith("bn.running") or key.endswith("num_batches_tracked") else "parameter"
+            problem = diff_report(got.float(), want.float(), f"rank {rank}, {kind} {key} right after construction",
+                                  rtol=0, atol=0)
+            if problem:
+                problems.append(problem)
+    assert_no_problems(problems, "every rank starts from a different model here; BucketedDDP(...) must make every "
+                                 "parameter AND buffer (BatchNorm's running statistics) equal to rank 0's:")
+
+
+def test_3_2_one_async_all_reduce_per_bucket(grade):
+    ranks = _results(grade("3.2"), "train")
+    problems = []
+    for rank, r in enumerate(ranks):
+        for step, s in enumerate(r["steps"], start=1):
+            problems += _count_problems(s["calls"], f"step {step}, rank {rank}")
+    assert_no_problems(problems, "the collectives of one training step (forward + backward):")
+
+
+def test_3_2_all_reduce_launched_during_backward(grade):
+    ranks = _results(grade("3.2"), "train")
+    problems = []
+    for rank, r in enumerate(ranks):
+        events = r["events"]
+        kinds = [e[0] for e in events]
+        if "collective" not in kinds or "backward reaches" not in kinds:
+            problems.append(f"rank {rank}: no all_reduce, or backward never reached the first layer, in step 1: {events}")
+            continue
+        first_collective, first_layer = kinds.index("collective"), kinds.index("backward reaches")
+        if first_collective > first_layer:
+            problems.append(f"rank {rank}: the first all_reduce came after backward reached the FIRST layer, "
+                            f"when only that layer's backward was left to overlap with; launch each bucket "
+                            f"(in bucket order) from the gradient hook that completes it. Events: {events}")
+        returned = kinds.index("backward returned")
+        late = [e for e in events[returned:] if e[0] == "collective"]
+        if late:
+            problems.append(f"rank {rank}: {len(late)} collective(s) after loss.backward() returned; backward must "
+                            f"return with the gradients reduced. Events: {events}")
+    assert_no_problems(problems, "when the all-reduces start (order of events in step 1; bucket 0 holds the last and "
+                                 "branch layers, so its gradients are ready long before backward reaches `first`):")
+
+
+def test_3_2_no_sync_decided_at_forward_like_ddp(grade):
+    ranks = _results(grade("3.2"), "no_sync")
+    problems = []
+    syncs = {"forward inside no_sync(), backward outside": False,
+             "forward outside no_sync(), backward inside": True,
+             "2 micro-batches, the first inside no_sync()": True}
+    for rank, r in enumerate(ranks):
+        for what, should_sync in syncs.items():
+            case = r[what]
+            problems += _grad_problems(case["ours"], case["torch"], f"{what}, rank {rank}")
+            names = [name for name, _ in case["calls"]]
+            if should_sync:
+                problems += _count_problems(case["calls"], f"{what}, rank {rank}")
+            elif names:
+                problems.append(f"{what}, rank {rank}: called {names}; torch DDP does not sync (its forward "
+                                "prepared no reduction)")
+    assert_no_problems(problems, "no_sync(): torch DDP decides at FORWARD whether the backward syncs:")
+
+
+def test_3_2_unused_parameter_neither_hangs_nor_breaks_the_average(grade):
+    ranks = _results(grade("3.2"), "unused")  # a hang would have failed here, with every rank's stack
+    problems = []
+    branch = {"branch.weight", "branch.bias"}
+    for rank, (some, none) in enumerate(ranks):
+        problems += _grad_problems(some["ours"], some["torch"],
+                                   f"`branch` unused on rank 0 only, rank {rank} (torch DDP: find_unused_parameters=True)")
+        problems += _count_problems(some["calls"], f"`branch` unused on rank 0 only, rank {rank}")
+        others = {k: v for k, v in none["torch"].items() if k not in branch}
+        problems += _grad_problems(none["ours"], others, f"`branch` unused on every rank, rank {rank}")
+        problems += _count_problems(none["calls"], f"`branch` unused on every rank, rank {rank}")
+        for name in branch:
+            got = none["ours"][name]
+            if got is not None and got.abs().max().item() != 0:
+                problems.append(f"`branch` unused on every rank, rank {rank}: {name}.grad is not None nor zeros "
+                                f"(max |grad| {got.abs().max().item():.3g}); no rank computed a gradient for it")
+    assert_no_problems(problems, "a parameter without a gradient this step counts as a zero gradient on its rank:")

@@ -1,0 +1,457 @@
+"""Graded tests of exercise 3.4, parameter servers (phase3_multi_node/guidelines.md, section 3.4).
+
+Run them with `python tests/test_phase3.py -k 3_4` (your code) or
+`pytest tests/test_phase3.py -k 3_4` (the reference); tests/test_phase3.py collects them.
+
+One world of 5 ranks (servers 0 and 1, workers 2, 3 and 4) runs three scenarios in turn:
+synchronous SGD on a small MLP (parameters and bytes moved), asynchronous training with a
+staleness bound and a deliberately slow worker, and asynchronous training on the bundled
+digits. Nothing depends on timing: the slow worker is held back by a condition (it
+starts step c only once every fast worker has started step c+s), and what each worker
+saw is read from the parameters themselves. Every model carries "tick" counters, one per
+(server, worker), whose gradient is -1 for the worker that computes it and 0 otherwise:
+with lr = 1/4 a tick grows by exactly 1/4 each time its server applies a gradient of its
+worker, so a worker's forward sees, exactly, how many gradients of each worker were in
+the parameters it computes on.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import grading
+from common.data import load_digits
+from common.launch import WorldTimeout, run_world
+from common.measure import CollectiveLog
+from compare import assert_no_problems, diff_report
+
+_K, _W = 2, 3  # servers are ranks 0.._K-1, workers ranks _K.._K+_W-1
+_WORLD = _K + _W
+_LR = 0.25  # a power of two: tick counters stay exact in float32
+_AGREE_S = 30  # how long ranks wait for each other between scenarios
+_GATE_S = 15  # how long the slow worker waits for the fast ones before reporting a bound too strict
+
+_SYNC_STEPS, _SYNC_BATCH = 3, 4  # per worker
+_SSP_STEPS, _SSP_BOUND = 5, 1
+_DIGITS_EPOCHS, _DIGITS_BATCH, _DIGITS_ACCURACY = 4, 16, 0.90
+
+
+class Ticked(nn.Module):
+    """`body` plus ticks: one (W,) counter per server; worker j's loss subtracts ticks[k][j]."""
+
+    def __init__(self, body: nn.Module):
+        super().__init__()
+        self.ticks = nn.ParameterList([nn.Parameter(torch.zeros(_W)) for _ in range(_K)])
+        self.body = body
+
+    def forward(self, x):
+        return self.body(x)
+
+    def seen(self) -> list[list[int]]:
+        """seen[k][j]: gradients of worker j applied by server k in the parameters held now."""
+        return [(t.detach() / _LR).round().long().tolist() for t in self.ticks]
+
+    def tick_loss(self, worker: int) -> torch.Tensor:
+        return -sum(t[worker] for t in self.ticks)
+
+
+def _mlp(sizes: tuple[int, ...], seed: int) -> nn.Sequential:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        layers: list[nn.Module] = []
+        for a, b in zip(sizes, sizes[1:]):
+            layers += [nn.Linear(a, b), nn.ReLU()]
+        return nn.Sequential(*layers[:-1])
+
+
+def _sync_model() -> nn.Sequential:
+    return _mlp((6, 8, 3), seed=0)  # W1 48, b1 8, W2 24, b2 3
+
+
+_SYNC_ASSIGNMENT = [0, 1, 1, 1]  # server 0: 48 floats, server 1: 35
+
+
+def _ssp_model() -> Ticked:
+    return Ticked(_mlp((4, 2), seed=1))
+
+
+def _digits_model() -> Ticked:
+    return Ticked(_mlp((64, 32, 10), seed=2))
+
+
+# ticks k -> server k; the body's parameters alternate between the servers
+_TICKED_ASSIGNMENT = {"ssp": [0, 1, 0, 1], "digits": [0, 1, 0, 1, 0, 1]}
+
+
+def _sync_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per step, the whole batch of all workers: worker j's part is rows j*_SYNC_BATCH ..."""
+    gen = torch.Generator().manual_seed(7)
+    n = _W * _SYNC_BATCH
+    return [(torch.randn(n, 6, generator=gen), torch.randint(0, 3, (n,), generator=gen)) for _ in range(_SYNC_STEPS)]
+
+
+# ---------------------------------------------------------------- inside a rank
+
+
+def _worker_index() -> int:
+    return dist.get_rank() - _K
+
+
+def _sync_rank(mod) -> dict:
+    model = _sync_model()
+    with CollectiveLog(also_in=(mod,)) as log:
+        if dist.get_rank() < _K:
+            record = mod.ParameterServer(list(model.parameters()), _SYNC_ASSIGNMENT, _K, _LR, mode="sync").serve()
+        else:
+            j = _worker_index()
+            part = slice(j * _SYNC_BATCH, (j + 1) * _SYNC_BATCH)
+            batches = [(x[part], y[part]) for x, y in _sync_batches()]
+            mod.run_worker(model, batches, lambda m, b: F.cross_entropy(m(b[0]), b[1]), _SYNC_ASSIGNMENT, _K)
+            record = None
+    traffic = sum(c.nbytes for c in log.calls if c.name in ("send", "recv", "isend", "irecv"))
+    return {"record": _plain(record), "bytes": traffic,
+            "params": [p.detach().clone() for p in model.parameters()]}
+
+
+def _plain(record) -> dict | None:
+    if record is None:
+        return None
+    return {"params": {int(i): t.detach().clone() for i, t in record.params.items()},
+            "version": int(record.version), "staleness": [(int(w), int(s)) for w, s in record.staleness]}
+
+
+def _ssp_rank(mod) -> dict:
+    """Async with bound _SSP_BOUND; worker _W-1 is slow: it starts step c only once every fast
+    worker has started step min(c + s, last) (the furthest a correct bound lets them go)."""
+    model = _ssp_model()
+    params = list(model.parameters())
+    if dist.get_rank() < _K:
+        record = mod.ParameterServer(params, _TICKED_ASSIGNMENT["ssp"], _K, _LR, mode="async",
+                                     staleness_bound=_SSP_BOUND).serve()
+        return {"record": _plain(record)}
+    store = dist.distributed_c10d._get_default_store()
+    j = _worker_index()
+    slow = j == _W - 1
+    seen, problems = [], []
+    gen = torch.Generator().manual_seed(100 + j)
+    batches = [(torch.randn(3, 4, generator=gen), torch.randn(3, 2, generator=gen)) for _ in range(_SSP_STEPS)]
+
+    def loss_fn(m: Ticked, batch):
+        step = len(seen)
+        seen.append(m.seen())
+        store.set(f"ps34/ssp/started/{j}/{step}", "1")
+        if slow:
+            target = min(step + _SSP_BOUND, _SSP_STEPS - 1)
+            keys = [f"ps34/ssp/started/{u}/{target}" for u in range(_W - 1)]
+            try:
+                store.wait(keys, timedelta(seconds=_GATE_S))
+            except Exception:  # noqa: BLE001 - reported, then the slow worker goes on
+                problems.append(f"while the slow worker (rank {dist.get_rank()}) had pushed {step} gradients, the fast "
+                                f"workers never started their step {target} within {_GATE_S} s: with bound "
+                                f"s={_SSP_BOUND} a worker may compute step c once the slowest has pushed c-s "
+                                "gradients; the bound is enforced too strictly (waiting while >= s ahead?)")
+        x, y = batch
+        return F.mse_loss(m(x), y) + m.tick_loss(j)
+
+    mod.run_worker(model, batches, loss_fn, _TICKED_ASSIGNMENT["ssp"], _K)
+    return {"seen": seen, "problems": problems}
+
+
+def _digits_rank(mod) -> dict:
+    model = _digits_model()
+    params = list(model.parameters())
+    if dist.get_rank() < _K:
+        record = mod.ParameterServer(params, _TICKED_ASSIGNMENT["digits"], _K, _LR, mode="async").serve()
+        return {"record": _plain(record)}
+    j = _worker_index()
+    images, labels = load_digits("train").tensors
+    images, labels = images[j::_W].flatten(1), labels[j::_W]
+    gen = torch.Generator().manual_seed(200 + j)
+    batches = []
+    for _ in range(_DIGITS_EPOCHS):
+        order = torch.randperm(len(labels), generator=gen)
+        batches += [(images[idx], labels[idx]) for idx in order.split(_DIGITS_BATCH)]
+    seen = []
+
+    def loss_fn(m: Ticked, batch):
+        seen.append(m.seen())
+        return F.cross_entropy(m(batch[0]), batch[1]) + m.tick_loss(j)
+
+    mod.run_worker(model, batches, loss_fn, _TICKED_ASSIGNMENT["digits"], _K)
+    return {"seen": seen}
+
+
+_SCENARIOS = {"sync": _sync_rank, "ssp": _ssp_rank, "digits": _digits_rank}
+
+
+def _ps_rank(ref: grading.ModuleRef) -> dict:
+    """{scenario: ("done", result) | ("todo", message) | ("error", message, traceback)}; as in
+    test_2_4, ranks agree after each scenario, so one scenario's failure does not hang the next."""
+    mod = ref.load()
+    finished = dist.new_group(backend="gloo", timeout=timedelta(seconds=_AGREE_S))
+    results = {}
+    for name, scenario in _SCENARIOS.items():
+        error = None
+        try:
+            results[name] = ("done", scenario(mod))
+        except Exception as exc:  # noqa: BLE001 - reported by the tests of this scenario only
+            error = exc
+            todo = isinstance(exc, NotImplementedError) and str(exc).startswith("TODO")
+            results[name] = ("todo", str(exc)) if todo else \
+                ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        try:
+            dist.barrier(group=finished)
+        except Exception:  # noqa: BLE001 - another rank is stuck where this one left
+            if error is not None:
+                raise error from None
+            raise
+    return results
+
+
+# ---------------------------------------------------------------- in the parent
+
+_worlds: dict = {}
+
+
+def _results(ref: grading.ModuleRef, name: str) -> list[dict]:
+    """Per rank, one scenario's results; one world for all scenarios, shared by the tests."""
+    if ref not in _worlds:
+        try:
+            _worlds[ref] = run_world(_ps_rank, _WORLD, args=(ref,))
+        except WorldTimeout as exc:
+            _worlds[ref] = AssertionError(f"the parameter-server world (servers 0-{_K - 1}, workers {_K}-{_WORLD - 1}) "
+                                          f"did not finish: do the servers stop once every worker is done? {exc}")
+        except Exception as exc:  # noqa: BLE001
+            _worlds[ref] = exc
+    got = _worlds[ref]
+    if isinstance(got, BaseException):
+        raise got
+    per_rank = [r[name] for r in got]
+    todo = next((r[1] for r in per_rank if r[0] == "todo"), None)
+    if todo:
+        raise NotImplementedError(todo)
+    for rank, r in enumerate(per_rank):
+        if r[0] == "error":
+            pytest.fail(f"rank {rank} raised in the {name!r} scenario: {r[1]}\n{r[2]}", pytrace=False)
+    return [r[1] for r in per_rank]
+
+
+def _numel(model: nn.Module) -> list[int]:
+    return [p.numel() for p in model.parameters()]
+
+
+def _sync_truth() -> list[torch.Tensor]:
+    """One process, torch.optim.SGD, the concatenated batch of all workers at every step."""
+    model = _sync_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=_LR)
+    for x, y in _sync_batches():
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _server_params_problems(results: list[dict], assignment: list[int], what: str) -> tuple[list, dict]:
+    """(problems, {parameter index: final value}) from the servers' records: each owns exactly its shard."""
+    problems, params = [], {}
+    for k in range(_K):
+        got = set(results[k]["record"]["params"])
+        owned = {i for i, a in enumerate(assignment) if a == k}
+        if got != owned:
+            problems.append(f"{what}: server {k} returned parameters {sorted(got)}, it owns {sorted(owned)}")
+        params.update(results[k]["record"]["params"])
+    return problems, params
+
+
+# ---------------------------------------------------------------- the tests
+
+
+def _lpt(sizes: list[int], num_servers: int) -> list[int]:
+    """The rule of the docstring: largest first (ties: lower index) onto the least loaded (ties: lower server)."""
+    loads, out = [0] * num_servers, [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        server = min(range(num_servers), key=lambda k: (loads[k], k))
+        out[i], loads[server] = server, loads[server] + sizes[i]
+    return out
+
+
+def _one_huge_layer_model() -> nn.Module:
+    """A recommendation-style model: one embedding table (~92% of the bytes), then a small MLP."""
+    return nn.Sequential(nn.Embedding(4000, 32), nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                         nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
+def test_3_4_greedy_assignment_balances_bytes(grade):
+    mod = grade("3.4").load()
+    huge = [p.numel() * p.element_size() for p in _one_huge_layer_model().parameters()]
+    cases = [("one huge layer (bytes)", huge, 2), ("one huge layer (bytes)", huge, 3),
+             ("sizes in order", [1, 2, 3, 4, 5, 6, 7, 8], 3), ("ties", [5, 5, 5, 5, 2, 2], 2),
+             ("as many servers as parameters", [3, 9, 1], 3), ("one server", [4, 1, 7], 1),
+             ("more parameters than one fits", [10, 7, 7, 6, 3, 3, 2, 2, 1], 4)]
+    problems = []
+    for what, sizes, k in cases:
+        got = list(mod.assign_parameters(list(sizes), k))
+        want = _lpt(sizes, k)
+        if got != want:
+            shown = sizes if len(sizes) < 12 else "(model)"
+            problems.append(f"{what}, sizes {shown} on {k} servers: assignment {got}, "
+                            f"expected {want} (loads {mod.server_loads(sizes, got, k)}, expected "
+                            f"{mod.server_loads(sizes, want, k)})")
+    assert_no_problems(problems, "assign_parameters: largest parameter first, each onto the least-loaded server "
+                                 "(ties: lower index, lower server):")
+    for k in (2, 3):
+        greedy = mod.load_ratio(mod.server_loads(huge, mod.assign_parameters(huge, k), k))
+        naive = mod.load_ratio(mod.server_loads(huge, mod.round_robin(huge, k), k))
+        assert greedy < naive, (f"on {k} servers the greedy assignment's max/min load ratio is {greedy:.2f}, "
+                                f"round-robin's {naive:.2f}: greedy must balance better")
+
+
+def test_3_4_sync_equals_single_process_sgd(grade):
+    results = _results(grade("3.4"), "sync")
+    problems, params = _server_params_problems(results, _SYNC_ASSIGNMENT, "sync")
+    truth = _sync_truth()
+    for i, want in enumerate(truth):
+        if i in params:
+            problem = diff_report(params[i], want, f"server {_SYNC_ASSIGNMENT[i]}, parameter {i}", rtol=1e-5, atol=1e-6)
+            if problem:
+                problems.append(problem)
+    for rank in range(_K, _WORLD):
+        for i, want in enumerate(truth):
+            problem = diff_report(results[rank]["params"][i], want, f"worker rank {rank} after its last pull, "
+                                  f"parameter {i}", rtol=1e-5, atol=1e-6)
+            if problem:
+                problems.append(problem)
+    for k in range(_K):
+        if results[k]["record"]["version"] != _SYNC_STEPS:
+            problems.append(f"server {k}: version {results[k]['record']['version']} after {_SYNC_STEPS} synchronous "
+                            f"rounds of {_W} gradients, expected {_SYNC_STEPS} (one step per round)")
+    if problems:
+        start = [p.detach() for p in _sync_model().parameters()]
+        moved = sum((params[i] - start[i]).norm() ** 2 for i in params) ** 0.5
+        should = sum((truth[i] - start[i]).norm() ** 2 for i in params) ** 0.5
+        problems.insert(0, f"the servers' parameters moved {moved / should:.2f}x as far as SGD's ({_W:.0f}x: summed or "
+                           "applied one by one instead of averaged; ~1x but different: a worker computed on "
+                           "parameters of before the step)")
+    assert_no_problems(problems, f"synchronous mode, {_W} workers x {_SYNC_BATCH} samples, {_SYNC_STEPS} steps, "
+                                 f"lr {_LR}, must equal one process running torch.optim.SGD on the {_W * _SYNC_BATCH} "
+                                 "samples of each step (servers' shards and every worker's final parameters):")
+
+
+def test_3_4_traffic_per_server_per_step(grade):
+    """Bytes each rank sends + receives (every send/recv/isend/irecv it calls), per step."""
+    results = _results(grade("3.4"), "sync")
+    numel = _numel(_sync_model())
+    psi = 4 * sum(numel)
+    control = 256 * (_SYNC_STEPS + 2)  # headers and versions, per peer, generous
+    problems, lines = [], []
+    ring = 4 * (_W - 1) / _W * psi  # a ring all-reduce rank sends and receives 2(N-1)/N Psi each
+    for k in range(_K):
+        shard = 4 * sum(n for n, a in zip(numel, _SYNC_ASSIGNMENT) if a == k)
+        low, high = 2 * _W * shard * _SYNC_STEPS, (2 * _SYNC_STEPS + 2) * _W * shard + _W * control
+        got = results[k]["bytes"]
+        lines.append(f"server {k}: {got / _SYNC_STEPS:.0f} B/step, model 2 W S_k = {2 * _W * shard} "
+                     f"(ring all-reduce: {ring:.0f} per rank)")
+        if not low <= got <= high:
+            problems.append(f"server {k} (shard S_k = {shard} B) moved {got} B in {_SYNC_STEPS} steps; expected "
+                            f"between {low} (each step: W={_W} gradients in, W shards out) and {high} (+ a first pull, "
+                            "headers)")
+    for rank in range(_K, _WORLD):
+        low, high = 2 * psi * _SYNC_STEPS, (2 * _SYNC_STEPS + 2) * psi + _K * control
+        got = results[rank]["bytes"]
+        if not low <= got <= high:
+            problems.append(f"worker rank {rank} moved {got} B in {_SYNC_STEPS} steps; expected between {low} "
+                            f"(each step: its gradient out, the parameters in, Psi = {psi} B each, split over the servers) and "
+                            f"{high}")
+    assert_no_problems(problems, "bytes moved (sent + received), sync mode: " + "; ".join(lines))
+
+
+def _staleness_problems(results: list[dict], what: str) -> list[str]:
+    """Each server's record against the truth read from the ticks: the i-th gradient to arrive at
+    server k finds version i; worker j's n-th gradient was computed on sum(seen[n][k])."""
+    problems = []
+    for k in range(_K):
+        record = results[k]["record"]
+        count = sum(len(results[_K + j]["seen"]) for j in range(_W))
+        if len(record["staleness"]) != count:
+            problems.append(f"{what}: server {k} recorded {len(record['staleness'])} staleness values for the {count} "
+                            "gradients it received (one per gradient, in arrival order)")
+            continue
+        if record["version"] != count:
+            problems.append(f"{what}: server {k} ends at version {record['version']} after applying {count} gradients "
+                            "(async: one version per gradient)")
+        taken = Counter()
+        for i, (worker, staleness) in enumerate(record["staleness"]):
+            j = worker - _K
+            if not 0 <= j < _W:
+                problems.append(f"{what}: server {k}'s record {i} names rank {worker}, not a worker")
+                break
+            n = taken[j]
+            taken[j] += 1
+            if n >= len(results[worker]["seen"]):
+                problems.append(f"{what}: server {k} records more gradients from rank {worker} than it computed")
+                break
+            computed_on = sum(results[worker]["seen"][n][k])
+            if staleness != i - computed_on:
+                problems.append(f"{what}: server {k}, gradient {i} to arrive (so at version {i}), rank {worker}'s step "
+                                f"{n}, computed on version {computed_on}: staleness recorded {staleness}, expected "
+                                f"{i - computed_on} (server version now - version computed on)")
+                if len(problems) > 6:
+                    return problems
+    return problems
+
+
+def test_3_4_async_records_staleness(grade):
+    problems = []
+    for name in ("ssp", "digits"):
+        results = _results(grade("3.4"), name)
+        problems += _staleness_problems(results, name)
+    assert_no_problems(problems, "asynchronous mode: each server records (worker, staleness) for every gradient in "
+                                 "arrival order; checked against the versions the workers really computed on:")
+
+
+def test_3_4_staleness_bound_holds_under_slow_worker(grade):
+    results = _results(grade("3.4"), "ssp")
+    s, problems = _SSP_BOUND, []
+    for rank in range(_K, _WORLD):
+        problems += results[rank]["problems"]
+        for step, seen in enumerate(results[rank]["seen"]):
+            for k in range(_K):
+                for j in range(_W):
+                    if _K + j != rank and seen[k][j] < min(step - s, _SSP_STEPS):
+                        problems.append(f"rank {rank} computed its step {step} on server {k}'s parameters holding only "
+                                        f"{seen[k][j]} gradients of rank {_K + j}: it ran more than s={s} steps ahead "
+                                        f"of the slowest (it may start step c once every worker has pushed c-s)")
+    staleness = Counter(v for k in range(_K) for _, v in results[k]["record"]["staleness"])
+    if not problems:
+        bound = (_W - 1) * (2 * s + 1)  # each other worker pushes at most 2s+1 times while one gradient is computed
+        worst = max(staleness)
+        if worst > bound:
+            problems.append(f"staleness {worst} recorded, above (W-1)(2s+1) = {bound}, which the bound implies")
+    assert_no_problems(problems, f"stale-synchronous parallel, bound s={s}, {_W} workers x {_SSP_STEPS} steps, the "
+                                 f"last one slow (staleness recorded: {dict(sorted(staleness.items()))}):")
+
+
+def test_3_4_async_reaches_accuracy_on_digits(grade):
+    results = _results(grade("3.4"), "digits")
+    problems, params = _server_params_problems(results, _TICKED_ASSIGNMENT["digits"], "digits")
+    assert_no_problems(problems)
+    model = _digits_model()
+    with torch.no_grad():
+        for i, p in enumerate(model.parameters()):
+            p.copy_(params[i])
+    images, labels = load_digits("test").tensors
+    with torch.no_grad():
+        accuracy = (model(images.flatten(1)).argmax(1) == labels).float().mean().item()
+    staleness = [v for k in range(_K) for _, v in results[k]["record"]["staleness"]]
+    assert accuracy >= _DIGITS_ACCURACY, (
+        f"asynchronous training, {_W} workers x {_DIGITS_EPOCHS} epochs of their third of the digits, batch "
+        f"{_DIGITS_BATCH}, lr {_LR}: test accuracy {accuracy:.3f} of the servers' final parameters, expected >= "
+        f"{_DIGITS_ACCURACY} (mean staleness {sum(staleness) / max(len(staleness), 1):.2f})")
