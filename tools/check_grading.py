@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -69,6 +70,7 @@ def check_templates(test_file: Path) -> list[str]:
 
 def check_control(test_file: Path, control: dict) -> str | None:
     names = control["CAUGHT_BY"]
+    started = time.monotonic()
     outcomes = run_pytest(test_file, ["--override", f"{control['EXERCISE']}={control['path']}", "-k", " or ".join(names)])
     problems, deaths = [], []
     for name in names:
@@ -83,7 +85,8 @@ def check_control(test_file: Path, control: dict) -> str | None:
         elif "fail" not in results:
             problems.append(f"{name} did not reject it ({', '.join(sorted(set(results)))})")
     verdict = "REJECTED" if not problems else "ACCEPTED"
-    print(f"{verdict:9}{control['EXERCISE']} {control['path'].stem}: {control['doc']}")
+    seconds = time.monotonic() - started
+    print(f"{verdict:9}{control['EXERCISE']} {control['path'].stem} ({seconds:.0f} s): {control['doc']}", flush=True)
     if deaths:
         print(f"{'':9}harness error, not an assertion, in {', '.join(deaths)}: that does not count as rejecting")
     return f"{control['path'].name}: " + "; ".join(problems) if problems else None
@@ -98,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-templates", action="store_true", help="skip the check of the templates")
     args = parser.parse_args(argv)
     os.environ.setdefault("COURSE_WORLD_TIMEOUT", "60")
-    failures = []
+    failures, controls = [], []
     for test_file in sorted((REPO_ROOT / "tests").glob("test_phase*.py")):
         if not test_file.stem.removeprefix("test_phase").isdigit():
             continue
@@ -107,10 +110,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if not args.no_templates:
             failures += check_templates(test_file)
-        controls = [read_control(p) for p in sorted((CONTROLS / f"phase{phase}").glob("*.py"))
-                    if not args.only or any(text in p.name for text in args.only)]
-        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            failures += [r for r in pool.map(lambda c: check_control(test_file, c), controls) if r]
+        controls += [(test_file, read_control(p)) for p in sorted((CONTROLS / f"phase{phase}").glob("*.py"))
+                     if not args.only or any(text in p.name for text in args.only)]
+    # One pool for every phase's controls, so no slot idles while a slow control ends a phase.
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        failures += [r for r in pool.map(lambda job: check_control(*job), controls) if r]
     if failures:
         print("\nThe graded tests are NOT honest:\n  " + "\n  ".join(failures))
         return 1
