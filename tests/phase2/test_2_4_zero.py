@@ -12,21 +12,19 @@ per-parameter sharding passes as well as one flat vector per unit).
 
 from __future__ import annotations
 
-import traceback
 from dataclasses import dataclass
-from datetime import timedelta
+from functools import partial
 from typing import Callable
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
 import grading
-from common.launch import WorldTimeout, run_world
 from common.measure import CollectiveLog, PeakBytes, ring_elements_sent, training_memory
 from compare import assert_no_problems, diff_report, state_dict_problems
+from scenarios import SharedWorld, run_scenarios
 
 _WORLD, _BATCH = 3, 12  # 4 samples per rank
 _AGREE_S = 20  # how long ranks wait for each other between scenarios
@@ -130,61 +128,23 @@ def _run_scenario(mod, stage: int, scenario: Scenario) -> dict:
 
 
 def _zero_stage_rank(ref: grading.ModuleRef, stage: int) -> dict:
-    """{scenario: ("done", results) | ("todo", message) | ("error", message, traceback)}.
-
-    A scenario that raises is reported by its own tests, and the next one runs, but only
-    once every rank has finished this one: if one rank raised while the others wait
-    inside a collective it left, they never arrive, and this rank ends the world with its
-    error (a clear failure now, not a deadlock later).
-    """
+    """Every scenario, in turn, agreeing after each (tests/scenarios.py): if one rank raised
+    while the others wait inside a collective it left, they never arrive, and this rank
+    ends the world with its error (a clear failure now, not a deadlock later)."""
     mod = ref.load()
-    finished = dist.new_group(backend="gloo", timeout=timedelta(seconds=_AGREE_S))
-    results = {}
-    for name, scenario in _SCENARIOS.items():
-        error = None
-        try:
-            results[name] = ("done", _run_scenario(mod, stage, scenario))
-        except Exception as exc:  # noqa: BLE001 - reported by the tests of this scenario only
-            error = exc
-            todo = isinstance(exc, NotImplementedError) and str(exc).startswith("TODO")
-            results[name] = ("todo", str(exc)) if todo else \
-                ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
-        try:
-            dist.barrier(group=finished)
-        except Exception:  # noqa: BLE001 - another rank is stuck where this one left
-            if error is not None:
-                raise error from None
-            raise
-    return results
+    return run_scenarios({name: partial(_run_scenario, mod, stage, scenario) for name, scenario in _SCENARIOS.items()},
+                         _AGREE_S)
 
 
 # ---------------------------------------------------------------- in the parent
 
-_worlds: dict = {}  # (ModuleRef, stage) -> per-rank results, or the exception the world ended with
+_world = SharedWorld(_zero_stage_rank, _WORLD)
 
 
 def _results(ref: grading.ModuleRef, stage: int, name: str) -> list[dict]:
     """Per rank, the results of one scenario of one stage; one world per stage, shared by its tests."""
-    key = (ref, stage)
-    if key not in _worlds:
-        try:
-            _worlds[key] = run_world(_zero_stage_rank, _WORLD, args=(ref, stage))
-        except WorldTimeout as exc:  # reported here, so the other stages still run
-            _worlds[key] = AssertionError(f"{_CLASSES[stage]}: the world of {_WORLD} ranks did not finish: {exc}")
-        except Exception as exc:  # noqa: BLE001 - e.g. a rank could not load the module
-            _worlds[key] = exc
-    got = _worlds[key]
-    if isinstance(got, BaseException):
-        raise got
-    per_rank = [r[name] for r in got]
-    todo = next((r[1] for r in per_rank if r[0] == "todo"), None)
-    if todo:
-        raise NotImplementedError(todo)
-    for rank, r in enumerate(per_rank):
-        if r[0] == "error":
-            pytest.fail(f"{_CLASSES[stage]} raised on rank {rank} during {_SCENARIOS[name].what}: {r[1]}\n{r[2]}",
-                        pytrace=False)
-    return [r[1] for r in per_rank]
+    return _world.results(name, ref, stage, world=f"{_CLASSES[stage]}: the world of {_WORLD} ranks",
+                          what=f"{_CLASSES[stage]} during {_SCENARIOS[name].what}")
 
 
 _truths: dict = {}

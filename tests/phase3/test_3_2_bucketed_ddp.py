@@ -13,10 +13,8 @@ rule its docstring states.
 
 from __future__ import annotations
 
-import traceback
-from datetime import timedelta
+from functools import partial
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -24,9 +22,9 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import grading
-from common.launch import WorldTimeout, run_world
 from common.measure import CollectiveLog
 from compare import assert_no_problems, diff_report
+from scenarios import SharedWorld, run_scenarios
 
 _WORLD = 3
 _AGREE_S = 20  # how long ranks wait for each other between scenarios
@@ -192,59 +190,20 @@ _SCENARIOS = {"train": _scenario_train, "no_sync": _scenario_no_sync, "unused": 
 
 
 def _ddp_rank(ref: grading.ModuleRef) -> dict:
-    """{scenario: ("done", results) | ("todo", message) | ("error", message, traceback)}.
-
-    A scenario that raises is reported by its own tests, and the next one runs once every
-    rank has finished this one (a rank that cannot agree ends the world with its error).
-    """
+    """Every scenario, in turn, agreeing after each (tests/scenarios.py)."""
     mod = ref.load()
     rank = dist.get_rank()
-    finished = dist.new_group(backend="gloo", timeout=timedelta(seconds=_AGREE_S))
-    results = {}
-    for name, scenario in _SCENARIOS.items():
-        error = None
-        try:
-            results[name] = ("done", scenario(mod, rank))
-        except Exception as exc:  # noqa: BLE001 - reported by the tests of this scenario only
-            error = exc
-            todo = isinstance(exc, NotImplementedError) and str(exc).startswith("TODO")
-            results[name] = ("todo", str(exc)) if todo else \
-                ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
-        try:
-            dist.barrier(group=finished)
-        except Exception:  # noqa: BLE001 - another rank is stuck where this one left
-            if error is not None:
-                raise error from None
-            raise
-    return results
+    return run_scenarios({name: partial(scenario, mod, rank) for name, scenario in _SCENARIOS.items()}, _AGREE_S)
 
 
 # ---------------------------------------------------------------- in the parent
 
-_worlds: dict = {}  # ModuleRef -> per-rank results, or the exception the world ended with
+_world = SharedWorld(_ddp_rank, _WORLD)
 
 
 def _results(ref: grading.ModuleRef, name: str) -> list:
     """Per rank, the results of one scenario; one world shared by every test."""
-    if ref not in _worlds:
-        try:
-            _worlds[ref] = run_world(_ddp_rank, _WORLD, args=(ref,))
-        except WorldTimeout as exc:
-            _worlds[ref] = AssertionError(f"the world of {_WORLD} ranks did not finish (a rank waits for a "
-                                          f"collective another never launched?): {exc}")
-        except Exception as exc:  # noqa: BLE001 - e.g. a rank could not load the module
-            _worlds[ref] = exc
-    got = _worlds[ref]
-    if isinstance(got, BaseException):
-        raise got
-    per_rank = [r[name] for r in got]
-    todo = next((r[1] for r in per_rank if r[0] == "todo"), None)
-    if todo:
-        raise NotImplementedError(todo)
-    for rank, r in enumerate(per_rank):
-        if r[0] == "error":
-            pytest.fail(f"scenario {name!r} raised on rank {rank}: {r[1]}\n{r[2]}", pytrace=False)
-    return [r[1] for r in per_rank]
+    return _world.results(name, ref, hang_hint="a rank waits for a collective another never launched?")
 
 
 def _grad_problems(ours: dict, expected: dict, what: str) -> list[str]:

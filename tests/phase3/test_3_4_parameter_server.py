@@ -17,11 +17,10 @@ the parameters it computes on.
 
 from __future__ import annotations
 
-import traceback
 from collections import Counter
 from datetime import timedelta
+from functools import partial
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -29,9 +28,9 @@ import torch.nn.functional as F
 
 import grading
 from common.data import load_digits
-from common.launch import WorldTimeout, run_world
 from common.measure import CollectiveLog
 from compare import assert_no_problems, diff_report
+from scenarios import SharedWorld, run_scenarios
 
 _K, _W = 2, 3  # servers are ranks 0.._K-1, workers ranks _K.._K+_W-1
 _WORLD = _K + _W
@@ -193,55 +192,20 @@ _SCENARIOS = {"sync": _sync_rank, "ssp": _ssp_rank, "digits": _digits_rank}
 
 
 def _ps_rank(ref: grading.ModuleRef) -> dict:
-    """{scenario: ("done", result) | ("todo", message) | ("error", message, traceback)}; as in
-    test_2_4, ranks agree after each scenario, so one scenario's failure does not hang the next."""
+    """Every scenario, in turn, agreeing after each (tests/scenarios.py)."""
     mod = ref.load()
-    finished = dist.new_group(backend="gloo", timeout=timedelta(seconds=_AGREE_S))
-    results = {}
-    for name, scenario in _SCENARIOS.items():
-        error = None
-        try:
-            results[name] = ("done", scenario(mod))
-        except Exception as exc:  # noqa: BLE001 - reported by the tests of this scenario only
-            error = exc
-            todo = isinstance(exc, NotImplementedError) and str(exc).startswith("TODO")
-            results[name] = ("todo", str(exc)) if todo else \
-                ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
-        try:
-            dist.barrier(group=finished)
-        except Exception:  # noqa: BLE001 - another rank is stuck where this one left
-            if error is not None:
-                raise error from None
-            raise
-    return results
+    return run_scenarios({name: partial(scenario, mod) for name, scenario in _SCENARIOS.items()}, _AGREE_S)
 
 
 # ---------------------------------------------------------------- in the parent
 
-_worlds: dict = {}
+_world = SharedWorld(_ps_rank, _WORLD)
 
 
 def _results(ref: grading.ModuleRef, name: str) -> list[dict]:
     """Per rank, one scenario's results; one world for all scenarios, shared by the tests."""
-    if ref not in _worlds:
-        try:
-            _worlds[ref] = run_world(_ps_rank, _WORLD, args=(ref,))
-        except WorldTimeout as exc:
-            _worlds[ref] = AssertionError(f"the parameter-server world (servers 0-{_K - 1}, workers {_K}-{_WORLD - 1}) "
-                                          f"did not finish: do the servers stop once every worker is done? {exc}")
-        except Exception as exc:  # noqa: BLE001
-            _worlds[ref] = exc
-    got = _worlds[ref]
-    if isinstance(got, BaseException):
-        raise got
-    per_rank = [r[name] for r in got]
-    todo = next((r[1] for r in per_rank if r[0] == "todo"), None)
-    if todo:
-        raise NotImplementedError(todo)
-    for rank, r in enumerate(per_rank):
-        if r[0] == "error":
-            pytest.fail(f"rank {rank} raised in the {name!r} scenario: {r[1]}\n{r[2]}", pytrace=False)
-    return [r[1] for r in per_rank]
+    return _world.results(name, ref, world=f"the parameter-server world (servers 0-{_K - 1}, workers {_K}-{_WORLD - 1})",
+                          hang_hint="do the servers stop once every worker is done?", what=f"the {name!r} scenario")
 
 
 def _numel(model: nn.Module) -> list[int]:

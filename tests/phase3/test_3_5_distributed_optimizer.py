@@ -19,9 +19,7 @@ import copy
 import functools
 import inspect
 import math
-import traceback
 from dataclasses import dataclass
-from datetime import timedelta
 
 import pytest
 import torch
@@ -30,9 +28,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import grading
-from common.launch import WorldTimeout, run_world
 from common.measure import CollectiveLog
 from compare import assert_no_problems, state_dict_problems
+from scenarios import SharedWorld, run_scenarios
 
 _WORLD = 3
 _SIZES = [2, 3]  # training on a group of ranks 0..size-1 (size 3: the default group)
@@ -310,60 +308,20 @@ def _cases(mod, pair) -> dict:
 
 
 def _rank(ref: grading.ModuleRef) -> dict:
-    """{case: ("done", result) | ("todo", message) | ("error", message, traceback)}.
-
-    A case that raises is reported by its own tests, and the next one runs once every
-    rank has finished this one (a rank that raised while others wait in a collective it
-    left ends the world with its error, not a deadlock).
-    """
+    """Every case, in turn, agreeing after each (tests/scenarios.py)."""
     mod = ref.load()
-    finished = dist.new_group(backend="gloo", timeout=timedelta(seconds=_AGREE_S))
     pair = dist.new_group([0, 1])
-    results = {}
-    for name, case in _cases(mod, pair).items():
-        error = None
-        try:
-            results[name] = ("done", case())
-        except Exception as exc:  # noqa: BLE001 - reported by the tests of this case only
-            error = exc
-            todo = isinstance(exc, NotImplementedError) and str(exc).startswith("TODO")
-            results[name] = ("todo", str(exc)) if todo else \
-                ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
-        try:
-            dist.barrier(group=finished)
-        except Exception:  # noqa: BLE001 - another rank is stuck where this one left
-            if error is not None:
-                raise error from None
-            raise
-    return results
+    return run_scenarios(_cases(mod, pair), _AGREE_S)
 
 
 # ---------------------------------------------------------------- in the parent
 
-_worlds: dict = {}
+_world = SharedWorld(_rank, _WORLD)
 
 
 def _results(ref: grading.ModuleRef, case: str, size: int = _WORLD) -> list:
     """Per rank 0..size-1, the result of one case (one world, shared by the tests)."""
-    key = ref
-    if key not in _worlds:
-        try:
-            _worlds[key] = run_world(_rank, _WORLD, args=(ref,))
-        except WorldTimeout as exc:
-            _worlds[key] = AssertionError(f"the world of {_WORLD} ranks did not finish: {exc}")
-        except Exception as exc:  # noqa: BLE001 - e.g. a rank could not load the module
-            _worlds[key] = exc
-    got = _worlds[key]
-    if isinstance(got, BaseException):
-        raise got
-    per_rank = [r[case] for r in got[:size]]
-    todo = next((r[1] for r in per_rank if r[0] == "todo"), None)
-    if todo:
-        raise NotImplementedError(todo)
-    for rank, r in enumerate(per_rank):
-        if r[0] == "error":
-            pytest.fail(f"case {case!r}: rank {rank} raised {r[1]}\n{r[2]}", pytrace=False)
-    return [r[1] for r in per_rank]
+    return _world.results(case, ref, what=f"case {case!r}", ranks=size)
 
 
 _truths: dict = {}
