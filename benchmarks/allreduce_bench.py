@@ -30,27 +30,10 @@ from common.launch import exit_on_user_error, run_world  # noqa: E402
 from solutions.phase1_data_parallel.allreduce import STRATEGIES as REFERENCE  # noqa: E402
 from solutions.phase1_data_parallel.comm_bench import (  # noqa: E402
     TORCH_ALL_REDUCE_MODEL, bandwidths, cost_terms, describe_fit, fit_alpha_beta, time_collective)
-from _util import OneLineParser, pyplot_or_none  # noqa: E402  (benchmarks/ is sys.path[0])
+from _util import OneLineParser, fmt_size, learner_status, pyplot_or_none  # noqa: E402  (benchmarks/ is sys.path[0])
 
 BASELINE = "dist.all_reduce"
 LEARNER_MODULE = "phase1_data_parallel.allreduce"
-
-
-def _learner_status(fn) -> str:
-    """'ok', 'TODO' or 'WRONG RESULT', agreed by all ranks: one sum checked against dist.all_reduce."""
-    x = torch.arange(1027, dtype=torch.float32, device=current_device()) + 1000.0 * dist.get_rank()
-    expected = x.clone()
-    dist.all_reduce(expected)
-    try:
-        fn(x)
-        code = 0 if torch.allclose(x, expected) else 2
-    except NotImplementedError as exc:
-        if not str(exc).startswith("TODO"):
-            raise
-        code = 1
-    flag = torch.tensor([code], device=x.device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return ("ok", "TODO", "WRONG RESULT")[int(flag.item())]
 
 
 def bench_rank(sizes: list[int], iters: int, repeats: int, learner: str) -> dict | None:
@@ -62,7 +45,7 @@ def bench_rank(sizes: list[int], iters: int, repeats: int, learner: str) -> dict
         learner_strategies = {}
         notes.append(f"learner: could not load {learner} ({type(exc).__name__}: {exc})")
     for name, fn in learner_strategies.items():
-        status = _learner_status(fn)
+        status = learner_status(fn)
         if status == "ok":
             fns[f"learner/{name}"] = fn
         else:
@@ -80,13 +63,6 @@ def bench_rank(sizes: list[int], iters: int, repeats: int, learner: str) -> dict
         return None
     return {"world_size": dist.get_world_size(), "backend": dist.get_backend(), "iters": iters,
             "repeats": repeats, "sizes_bytes": sizes, "seconds": seconds, "notes": notes}
-
-
-def fmt_size(n: int) -> str:
-    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} B"
 
 
 def algorithm_of(name: str) -> str:

@@ -28,28 +28,11 @@ from common.distributed import current_device  # noqa: E402
 from common.launch import exit_on_user_error, run_world  # noqa: E402
 from solutions.phase1_data_parallel.comm_bench import bandwidths, time_collective  # noqa: E402
 from solutions.phase3_multi_node.ring import ring_all_reduce as reference_ring  # noqa: E402
-from _util import OneLineParser, pyplot_or_none  # noqa: E402  (benchmarks/ is sys.path[0])
+from _util import OneLineParser, fmt_size, learner_status, pyplot_or_none  # noqa: E402  (benchmarks/ is sys.path[0])
 
 BASELINE = "dist.all_reduce"
 LEARNER_MODULE = "phase3_multi_node.ring"
 TARGET = {2: 0.9, 4: 0.7}  # the reference's busbw / the baseline's, at >= 16 MiB (issue 7)
-
-
-def _learner_status(fn) -> str:
-    """'ok', 'TODO' or 'WRONG RESULT', agreed by all ranks: one sum (numel not divisible by p) checked."""
-    x = torch.arange(1027, dtype=torch.float32, device=current_device()) + 1000.0 * dist.get_rank()
-    expected = x.clone()
-    dist.all_reduce(expected)
-    try:
-        fn(x)
-        code = 0 if torch.allclose(x, expected) else 2
-    except NotImplementedError as exc:
-        if not str(exc).startswith("TODO"):
-            raise
-        code = 1
-    flag = torch.tensor([code], device=x.device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return ("ok", "TODO", "WRONG RESULT")[int(flag.item())]
 
 
 def iters_for(size: int, iters: int) -> int:
@@ -61,7 +44,7 @@ def bench_rank(sizes: list[int], iters: int, repeats: int, learner: str) -> dict
     """Runs on every rank; rank 0 returns {"seconds": {impl: [s per size]}, "notes": [...], ...}."""
     fns, notes = {}, []
     try:
-        status = _learner_status(importlib.import_module(learner).ring_all_reduce)
+        status = learner_status(importlib.import_module(learner).ring_all_reduce)
     except Exception as exc:  # noqa: BLE001 - a half-edited file must not stop the benchmark
         status = f"could not load {learner} ({type(exc).__name__}: {exc})"
     if status == "ok":
@@ -86,13 +69,6 @@ def bench_rank(sizes: list[int], iters: int, repeats: int, learner: str) -> dict
     busbw = {name: [bandwidths(s, t, world)[1] / 1e9 for s, t in zip(sizes, secs)] for name, secs in seconds.items()}
     return {"world_size": world, "backend": dist.get_backend(), "repeats": repeats, "sizes_bytes": sizes,
             "iters": [iters_for(s, iters) for s in sizes], "seconds": seconds, "busbw_GBps": busbw, "notes": notes}
-
-
-def fmt_size(n: int) -> str:
-    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} B"
 
 
 def format_report(r: dict) -> str:
