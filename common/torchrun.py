@@ -24,6 +24,11 @@ job kills, before the agents, every descendant it finds through `ps` and each on
 process group. On Linux a small watchdog process also kills the job if this process
 dies without cleaning up (killed by a signal, pytest interrupted), or 30 s after the
 deadline if nobody called `wait`. `free_port()` asks the OS for a port.
+
+Elastic jobs lose a node on purpose: `agent.kill()` SIGKILLs ONE agent and every process
+it started (each agent's processes also carry COURSE_TORCHRUN_AGENT=<job id>.<index>),
+while the other agents of the job keep running; `wait` then expects the others to
+finish and does not count the killed one as a failure.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MARKER = "COURSE_TORCHRUN_JOB"
+AGENT_MARKER = "COURSE_TORCHRUN_AGENT"  # <job id>.<agent index>: one agent and its workers
 _HAS_PROC = Path("/proc/self/environ").exists()
 _WATCHDOG_GRACE_S = 30.0
 
@@ -87,6 +93,7 @@ class Agent:
     proc: subprocess.Popen
     log: Path
     killed: bool = field(default=False)
+    marker: str = field(default="")  # value of AGENT_MARKER in this agent's processes
     _kept: str | None = field(default=None, repr=False)  # the output, once the job's files are gone
 
     @property
@@ -99,6 +106,27 @@ class Agent:
         if self._kept is not None:
             return self._kept
         return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL this agent and every process it started (its workers are in sessions of
+        their own, so killing the agent alone would leave them running); the job's other
+        agents keep running. Returns once none of them is alive."""
+        self.killed = True
+        doomed = _descendants({self.proc.pid}) if not _HAS_PROC and self.proc.poll() is None else []
+        if self.proc.poll() is None:
+            self.proc.kill()  # first, so it cannot restart the workers we kill next
+        self.proc.wait()
+        for pid in doomed:
+            _kill_group(pid)
+            _kill_pid(pid)
+        if _HAS_PROC and self.marker:
+            for _ in range(50):
+                pids = _marked_pids(self.marker, AGENT_MARKER)
+                if not pids:
+                    break
+                for pid in pids:
+                    _kill_pid(pid)
+                time.sleep(0.02)
 
     def tail(self, chars: int = 3000) -> str:
         text = self.output
@@ -140,24 +168,27 @@ class Torchrun:
         index = len(self.agents)
         log = self._dir / f"agent{index}.log"
         with open(log, "wb") as out:
+            marker = f"{self.job_id}.{index}"
             proc = subprocess.Popen([*torchrun_command(), *torchrun_args], cwd=self.cwd, stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=subprocess.STDOUT, env=dict(self.env, **(env or {})),
+                                    stdout=out, stderr=subprocess.STDOUT,
+                                    env=dict(self.env, **(env or {}), **{AGENT_MARKER: marker}),
                                     start_new_session=hasattr(os, "setsid"))
-        agent = Agent(index, list(torchrun_args), proc, log)
+        agent = Agent(index, list(torchrun_args), proc, log, marker=marker)
         self.agents.append(agent)
         return agent
 
     def wait(self, timeout: float | None = None) -> list[Agent]:
         """Wait until every agent exits; return them. An agent exiting non-zero kills the
         job and raises TorchrunError; the deadline (or `timeout` from now, if sooner)
-        kills it and raises TorchrunTimeout. Either way no process of the job is left."""
+        kills it and raises TorchrunTimeout. Either way no process of the job is left.
+        An agent killed on purpose (`agent.kill()`) is neither waited for nor a failure."""
         deadline = self.deadline if timeout is None else min(self.deadline, time.monotonic() + timeout)
         while True:
-            failed = [a for a in self.agents if a.returncode not in (None, 0)]
+            failed = [a for a in self.agents if not a.killed and a.returncode not in (None, 0)]
             if failed:
                 self.kill()
                 raise TorchrunError(f"torchrun agent {failed[0].index} failed ({failed[0].describe()})", self.agents)
-            if all(a.returncode == 0 for a in self.agents):
+            if all(a.killed or a.returncode == 0 for a in self.agents):
                 self.kill()  # workers an agent left behind (it does not wait for grandchildren)
                 return self.agents
             if time.monotonic() >= deadline:
@@ -219,9 +250,16 @@ def _kill_group(pid: int) -> None:
             pass
 
 
-def _marked_pids(job_id: str) -> list[int]:
-    """Live (not zombie) processes whose environment holds MARKER=job_id."""
-    needle = f"{MARKER}={job_id}".encode() + b"\0"
+def _kill_pid(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _marked_pids(job_id: str, variable: str = MARKER) -> list[int]:
+    """Live (not zombie) processes whose environment holds variable=job_id."""
+    needle = f"{variable}={job_id}".encode() + b"\0"
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():

@@ -58,6 +58,11 @@ EXERCISES: dict[str, Exercise] = {
         Exercise("3.3", "Hierarchical (topology-aware) all-reduce", "phase3_multi_node", "hierarchical"),
         Exercise("3.4", "Parameter servers: sync, async, load-balanced", "phase3_multi_node", "parameter_server"),
         Exercise("3.5", "Horovod-style DistributedOptimizer", "phase3_multi_node", "distributed_optimizer"),
+        Exercise("4.1", "A complete, atomic checkpoint", "phase4_production", "checkpoint"),
+        Exercise("4.2", "Automatic recovery under torchrun", "phase4_production", "recovery"),
+        Exercise("4.3", "Elastic training", "phase4_production", "elastic"),
+        Exercise("4.4", "Gradient compression as DDP communication hooks", "phase4_production", "compression"),
+        Exercise("4.5", "Monitoring and profiling", "phase4_production", "monitoring"),
     ]
 }
 

@@ -111,3 +111,14 @@ def test_phase3_benchmarks_run(command):
     proc = _run([sys.executable, *command], timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip(), "a benchmark must print its table"
+
+
+@pytest.mark.parametrize("command", [
+    ["benchmarks/checkpoint_bench.py", "--model", "tiny", "--rounds", "1"],
+    ["benchmarks/compression_bench.py", "--width", "64", "--steps", "1", "--rounds", "1", "--ratios", "0.1",
+     "--ranks", "1"],
+], ids=["checkpoint_bench", "compression_bench"])
+def test_phase4_benchmarks_run(command):
+    proc = _run([sys.executable, *command], timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip(), "a benchmark must print its table"

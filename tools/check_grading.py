@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-templates", action="store_true", help="skip the check of the templates")
     args = parser.parse_args(argv)
     os.environ.setdefault("COURSE_WORLD_TIMEOUT", "60")
-    failures, controls = [], []
+    templates, controls = [], []
     for test_file in sorted((REPO_ROOT / "tests").glob("test_phase*.py")):
         if not test_file.stem.removeprefix("test_phase").isdigit():
             continue
@@ -109,12 +109,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.phase and phase not in args.phase:
             continue
         if not args.no_templates:
-            failures += check_templates(test_file)
+            templates.append(test_file)
         controls += [(test_file, read_control(p)) for p in sorted((CONTROLS / f"phase{phase}").glob("*.py"))
                      if not args.only or any(text in p.name for text in args.only)]
-    # One pool for every phase's controls, so no slot idles while a slow control ends a phase.
+    # One pool for every check of every phase, so no slot idles while a slow one ends a phase.
+    jobs = [(check_templates, (f,)) for f in templates] + [(check_control, job) for job in controls]
+    failures: list[str] = []
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        failures += [r for r in pool.map(lambda job: check_control(*job), controls) if r]
+        for result in pool.map(lambda job: job[0](*job[1]), jobs):
+            failures += result if isinstance(result, list) else [result] if result else []
     if failures:
         print("\nThe graded tests are NOT honest:\n  " + "\n  ".join(failures))
         return 1

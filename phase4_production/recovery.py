@@ -1,0 +1,323 @@
+"""4.2 Automatic recovery under torchrun: the same command starts, restarts and resumes a run.
+
+    checkpoints = CheckpointManager(folder, keep=3)
+    outcome = run_resumable(train_step, model, optimizer, checkpoints, total_steps=1000, every=50,
+                            injector=FaultInjector.from_env())
+
+What happens on every attempt (torchrun starts one per restart, in fresh processes):
+
+    current_attempt()     rank, world size, restart count: read NOW from the process group
+                          and TORCHELASTIC_RESTART_COUNT, never kept from an earlier attempt
+    resume()              the newest checkpoint that verifies, the SAME step on every rank
+                          (rank 0 picks, broadcasts); none: a fresh start
+    step s ...            train_step(StepContext) for s = start .. total_steps - 1
+    step boundary         PreemptionHandler.should_stop(): every rank's "SIGTERM seen" flag,
+                          all-reduced (MAX), so all ranks stop at the same boundary
+                          save when (s + 1) % every == 0, at the end, or when stopping
+
+A SIGKILLed rank loses at most `every` steps: torchrun stops the whole group and restarts
+it; the new attempt resumes from the newest complete checkpoint. A SIGTERM (preemption)
+loses nothing: the ranks agree to stop at the next boundary and save there.
+
+FaultInjector kills a chosen rank at a chosen step and phase (forward, backward, allreduce,
+save), on a chosen restart attempt only, or sends SIGTERM to the torchrun agent (a
+deterministic preemption). Spec: "rank=1,step=7,phase=backward[,attempt=0][,action=kill]",
+several joined by ";", e.g. from the environment variable COURSE_FAULTS.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from phase4_production.checkpoint import (CheckpointManager, load_verified, restore_training_state,
+                                                    training_state, unwrap)
+
+FAULTS_ENV = "COURSE_FAULTS"
+PHASES = ("forward", "backward", "allreduce", "save")
+ACTIONS = ("kill", "term")
+
+
+# ---------------------------------------------------------------- who am I, this attempt
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """This process in the current attempt. rank and world_size come from the process group
+    (0 and 1 without one); restart is TORCHELASTIC_RESTART_COUNT (0 outside torchrun)."""
+
+    rank: int
+    world_size: int
+    restart: int
+
+
+def current_attempt() -> Attempt:
+    """Who this process is now. Call it on every attempt (every call reads afresh): after a
+    restart the rank and the world size may differ from the previous attempt's."""
+    raise NotImplementedError("TODO 4.2: read the rank and world size from the process group as it is now, and the restart count from torchrun's environment (TORCHELASTIC_RESTART_COUNT)")
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    """Where the model's parameters live: checkpoints load there, collectives use it."""
+    first = next(unwrap(model).parameters(), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+# ---------------------------------------------------------------- resume on start
+
+
+def resume(checkpoints: CheckpointManager, model, optimizer, scheduler=None, scaler=None,
+           map_location: Any = None) -> dict | None:
+    """Load the newest checkpoint that verifies into model, optimizer, scheduler, scaler and
+    this rank's RNG; return its progress dict (progress["step"] = steps done), or None when
+    there is none (a fresh start: nothing is changed). Collective under a process group:
+    every rank loads the SAME step, the one rank 0 found (a shared file system may show
+    the ranks different folder listings). map_location defaults to the model's device."""
+    raise NotImplementedError('TODO 4.2: rank 0 finds the newest valid step (CheckpointManager.load_latest), every rank loads that same step; see dist.broadcast_object_list')
+
+
+# ---------------------------------------------------------------- preemption: SIGTERM -> stop at a boundary
+
+
+class PreemptionHandler:
+    """Turn SIGTERM (or the given signals) into a request to stop at the next step boundary.
+
+        with PreemptionHandler() as preemption:
+            for step in ...:
+                train one step
+                if preemption.should_stop():    # every rank, every step boundary
+                    save; break
+
+    The handler only records the signal: a signal arrives in the middle of a step (inside
+    a collective, half-way through optimizer.step), where the state is not a checkpoint.
+    The previous handlers are put back on exit. Install it from the main thread.
+    """
+
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,), device: torch.device | None = None):
+        self.signals = tuple(signals)
+        self.device = device  # where the agreement's one-element tensor lives (cuda under NCCL)
+        self.received: int | None = None  # the signal seen by this rank, if any
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        """Whether THIS rank has seen a stop signal (other ranks may not have yet)."""
+        return self.received is not None
+
+    def _on_signal(self, signum: int, frame) -> None:
+        raise NotImplementedError('TODO 4.2: only record that the signal came (a signal interrupts a step anywhere: no saving, no collective, no exit here)')
+
+    def __enter__(self) -> "PreemptionHandler":
+        raise NotImplementedError('TODO 4.2: install _on_signal for each of self.signals and remember the handler each one had (signal.signal returns it)')
+
+    def __exit__(self, *exc) -> None:
+        raise NotImplementedError('TODO 4.2: put back the handlers __enter__ replaced')
+
+    def should_stop(self) -> bool:
+        """Whether ANY rank has seen a stop signal. Collective: every rank calls it at every
+        step boundary, and all get the same answer, so no rank stops while another enters
+        the next step's collectives (which would wait for it forever)."""
+        raise NotImplementedError("TODO 4.2: every rank's flag, reduced with MAX over the group (one-element tensor on the device the group communicates on)")
+
+    def _collective_device(self) -> torch.device:
+        if self.device is not None:
+            return self.device
+        if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+
+# ---------------------------------------------------------------- fault injection (a tool, not an exercise)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Kill (SIGKILL) `rank`, or preempt the job (action "term"), when it reaches `phase` of
+    step `step` (0-based) in restart attempt `attempt` (TORCHELASTIC_RESTART_COUNT).
+    phase "save" fires while the checkpoint taken at the end of step `step` is being
+    written (half its bytes are in the temporary file, the rename has not happened), on
+    the rank that writes it."""
+
+    rank: int
+    step: int
+    phase: str
+    attempt: int = 0
+    action: str = "kill"
+
+    @classmethod
+    def parse(cls, text: str) -> "Fault":
+        """'rank=1,step=7,phase=backward[,attempt=0][,action=kill]' -> Fault."""
+        fields = {}
+        for item in text.split(","):
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"fault {text!r}: {item!r} is not key=value")
+            fields[key.strip()] = value.strip()
+        unknown = set(fields) - {"rank", "step", "phase", "attempt", "action"}
+        if unknown or not {"rank", "step", "phase"} <= set(fields):
+            raise ValueError(f"fault {text!r}: needs rank, step, phase (optional attempt, action); "
+                             f"unknown: {sorted(unknown)}")
+        fault = cls(int(fields["rank"]), int(fields["step"]), fields["phase"], int(fields.get("attempt", 0)),
+                    fields.get("action", "kill"))
+        if fault.phase not in PHASES or fault.action not in ACTIONS:
+            raise ValueError(f"fault {text!r}: phase must be one of {PHASES}, action one of {ACTIONS}")
+        return fault
+
+    def __str__(self) -> str:
+        return f"rank={self.rank},step={self.step},phase={self.phase},attempt={self.attempt},action={self.action}"
+
+
+class FaultInjector:
+    """Fires the faults of a spec at the phase points of the training loop.
+
+    The loop calls begin_step(s) before each step and point(phase) at each phase; a DDP
+    model gets the "allreduce" point by `ddp.register_comm_hook(None, injector.allreduce_hook)`;
+    the loop wraps its checkpoint save in `with injector.saving():`. With no faults every
+    call is a no-op. Rank and attempt are read when a point is reached, never cached.
+    """
+
+    def __init__(self, faults: tuple[Fault, ...] | list[Fault] = ()):
+        self.faults = tuple(faults)
+        self.step: int | None = None
+
+    @classmethod
+    def from_string(cls, spec: str) -> "FaultInjector":
+        """Faults separated by ';' (empty string: none)."""
+        return cls([Fault.parse(part) for part in spec.split(";") if part.strip()])
+
+    @classmethod
+    def from_env(cls, variable: str = FAULTS_ENV) -> "FaultInjector":
+        return cls.from_string(os.environ.get(variable, ""))
+
+    def begin_step(self, step: int) -> None:
+        self.step = step
+
+    def point(self, phase: str) -> None:
+        """The current step reached `phase`: fire the faults scheduled here for this rank."""
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; phases are {PHASES}")
+        for fault in self._due(phase):
+            self._fire(fault)
+
+    def allreduce_hook(self, process_group, bucket):
+        """A DDP communication hook: the "allreduce" point, then torch's plain all-reduce."""
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        self.point("allreduce")
+        return allreduce_hook(process_group, bucket)
+
+    @contextmanager
+    def saving(self) -> Iterator[None]:
+        """Around a checkpoint save: a "save" fault due now makes torch.save write half of
+        the bytes to its file, flush them, and the process die (before any rename)."""
+        due = self._due("save")
+        if not due:
+            yield
+            return
+        real_save = torch.save
+
+        def torn_save(obj, f, *args, **kwargs):
+            buffer = io.BytesIO()
+            real_save(obj, buffer, *args, **kwargs)
+            half = buffer.getvalue()[: buffer.getbuffer().nbytes // 2]
+            if isinstance(f, (str, os.PathLike)):
+                with open(f, "wb") as out:
+                    out.write(half)
+            else:
+                f.write(half)
+                f.flush()
+            self._fire(due[0])
+
+        torch.save = torn_save
+        try:
+            yield
+        finally:
+            torch.save = real_save
+
+    def _due(self, phase: str) -> list[Fault]:
+        if not self.faults or self.step is None:
+            return []
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        return [f for f in self.faults
+                if (f.rank, f.step, f.phase, f.attempt) == (rank, self.step, phase, attempt)]
+
+    def _fire(self, fault: Fault) -> None:
+        print(f"[fault injector] {fault.action} at {fault} (pid {os.getpid()})", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        if fault.action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        else:
+            _preempt_via_agent()
+
+
+def _preempt_via_agent(timeout_s: float = 60.0) -> None:
+    """SIGTERM the torchrun agent (this worker's parent), as a cluster's preemption would, and
+    return once the agent has forwarded it to this rank and the rank's handler has run: the
+    preemption then lands in a known step, with no sleep in any test."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        raise RuntimeError("fault action 'term' signals the torchrun agent: run under torchrun")
+    arrived = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: arrived.append(signum))
+    try:
+        os.kill(os.getppid(), signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while not arrived:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the torchrun agent did not forward SIGTERM within {timeout_s:.0f}s")
+            time.sleep(0.01)  # a signal ends the sleep; the handler runs in this thread
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    signal.raise_signal(signal.SIGTERM)  # now to the handler the training loop installed
+
+
+# ---------------------------------------------------------------- the loop
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What train_step gets: the step index (0-based), who this rank is in THIS attempt (shard
+    the data with it), and `phase(name)` to call on entering "forward" and "backward"."""
+
+    step: int
+    attempt: Attempt
+    phase: Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How an attempt ended: it resumed after `start_step` steps (0: fresh start) and stopped
+    after `steps_done`; `preempted` if it stopped early on a stop signal (checkpoint saved)."""
+
+    start_step: int
+    steps_done: int
+    preempted: bool
+    attempt: Attempt
+
+
+def run_resumable(train_step: Callable[[StepContext], None], model, optimizer, checkpoints: CheckpointManager, *,
+                  total_steps: int, every: int, scheduler=None, scaler=None, injector: FaultInjector | None = None,
+                  signals: tuple[int, ...] = (signal.SIGTERM,), map_location: Any = None,
+                  extra_progress: Callable[[], dict] | None = None,
+                  on_resume: Callable[[dict], None] | None = None) -> RunOutcome:
+    """Run steps [start, total_steps) where start is the step of the newest valid checkpoint
+    (0 without one), on every rank of the current process group; the same call starts a
+    run, resumes it after a crash, and does nothing for a finished run.
+
+    Checkpoints (training_state, progress {"step": steps done, **extra_progress()}) are
+    saved after every `every` steps, after the last step, and at the step boundary where
+    the ranks agree to stop on a signal (then the call returns with preempted=True). The
+    previous signal handlers are restored on return. on_resume(progress) is called after
+    loading a checkpoint (e.g. to put a sampler back at its position). Exceptions (a peer
+    died inside a collective) propagate: torchrun then restarts the group.
+    """
+    raise NotImplementedError("TODO 4.2: the docstring's contract, composed from resume, PreemptionHandler and the injector (begin_step before each step, saving() around each save); see the module docstring's diagram")

@@ -1,0 +1,1 @@
+"""Phase 4: production training: checkpoints, recovery, elasticity, compression, monitoring."""

@@ -1,0 +1,390 @@
+"""Graded tests of exercise 4.4, gradient compression (phase4_production/guidelines.md, section 4.4).
+
+Run them with `python tests/test_phase4.py -k 4_4` (your code) or
+`pytest tests/test_phase4.py -k 4_4` (the reference); tests/test_phase4.py collects them.
+
+Every check runs in ONE world of 2 ranks (tests/scenarios.py), and the hooks are graded
+through real DDP (`register_comm_hook`): what is graded is what a training loop sees, the
+gradients DDP writes into .grad, the bytes handed to collectives, the accuracy reached.
+Each rank draws its own batches, so the two local gradients differ. A hook that raises the
+TODO is replaced by plain all-reduce for the rest of that backward pass (so DDP finishes)
+and the scenario then reports the TODO.
+"""
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_powersgd
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import grading
+from common.data import load_digits
+from common.measure import CollectiveLog
+from compare import assert_no_problems, diff_report
+from scenarios import SharedWorld, run_scenarios
+
+_WORLD, _AGREE_S = 2, 30
+_RATIO = 0.05  # top-k: 5 % of the entries per rank and step
+_TOPK_STEPS = 10  # steps 0, 1 plain all-reduce (start_iter=2), 2..9 top-k, 10 flushes (ratio = 1.0)
+# The bitwise comparison with torch's powerSGD_hook: one bucket (see the guidelines: torch's
+# hook issues collectives from gloo's threads, which is only safe with one bucket on gloo).
+_TORCH_SETTINGS = {
+    "rank 1, error feedback, warm start": dict(matrix_approximation_rank=1, start_powerSGD_iter=2),
+    "rank 2 (Gram-Schmidt), error feedback, warm start": dict(matrix_approximation_rank=2, start_powerSGD_iter=2),
+    "rank 4 (QR), no warm start, epsilon 1e-8": dict(matrix_approximation_rank=4, start_powerSGD_iter=3, warm_start=False,
+                                                     orthogonalization_epsilon=1e-8),
+    "rank 2, no error feedback, same shapes batched, min_compression_rate 4": dict(
+        matrix_approximation_rank=2, start_powerSGD_iter=2, use_error_feedback=False, min_compression_rate=4,
+        batch_tensors_with_same_shape=True),
+}
+_TORCH_STEPS = 6
+# Digits: measured with the reference (2 ranks, 4 epochs, global batch 64, SGD lr 0.1, momentum 0.9,
+# compression from step 10 of 88): test accuracy plain DDP 0.936, top-k 5 % with error feedback
+# 0.947, PowerSGD rank 1 0.953; the margin allows 5 points below plain DDP.
+_EPOCHS, _MARGIN = 4, 0.05
+
+
+def _mlp() -> nn.Module:
+    """64 -> 32 -> 10, 2410 parameters: one bucket."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
+def _mixed() -> nn.Module:
+    """A conv (a 4-D gradient) and Linears whose shapes repeat, not next to each other: torch
+    compresses them grouped by shape, biases and small matrices uncompressed."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(1, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(288, 48), nn.ReLU(),
+                             nn.Linear(48, 48), nn.ReLU(), nn.Linear(48, 32), nn.ReLU(), nn.Linear(32, 48), nn.ReLU(),
+                             nn.Linear(48, 48), nn.ReLU(), nn.Linear(48, 10))
+
+
+def _batch(gen: torch.Generator, n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(n, 1, 8, 8, generator=gen), torch.randint(0, 10, (n,), generator=gen)
+
+
+def _grads(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+
+# ---------------------------------------------------------------- inside a rank
+
+
+def _guarded(hook, names: dict | None = None):
+    """`hook` as DDP sees it; a TODO it raises is kept in `.todo` and plain all-reduce used.
+    With `names` ({data_ptr: parameter name}), `.calls` records per call: the bucket, its
+    parameters, the buffer the hook received and the tensor its future returned."""
+    todo: list[str] = []
+    calls: list[dict] = []
+
+    def guarded(state, bucket):
+        if todo:
+            return default_hooks.allreduce_hook(None, bucket)
+        received = bucket.buffer().clone()
+        try:
+            fut = hook(state, bucket)
+        except NotImplementedError as exc:
+            if not str(exc).startswith("TODO"):
+                raise
+            todo.append(str(exc))
+            return default_hooks.allreduce_hook(None, bucket)
+        if names is None:
+            return fut
+        call = {"bucket": bucket.index(), "params": [names[p.data_ptr()] for p in bucket.parameters()],
+                "numels": [g.numel() for g in bucket.gradients()], "received": received}
+        calls.append(call)
+
+        def keep(f):
+            value = f.value()
+            call["returned"] = (value[0] if isinstance(value, list) else value).detach().clone()
+            return value
+
+        return fut.then(keep)
+
+    guarded.todo, guarded.calls = todo, calls
+    return guarded
+
+
+def _raise_todo(*hooks) -> None:
+    for hook in hooks:
+        if hook.todo:
+            raise NotImplementedError(hook.todo[0])
+
+
+def _backward(model: nn.Module, batch) -> None:
+    model.zero_grad(set_to_none=True)
+    F.cross_entropy(model(batch[0]), batch[1]).backward()
+
+
+def _topk_sums(mod, error_feedback: bool) -> dict:
+    """Sums over steps of the applied (compressed) and the true (plain DDP) averaged gradients.
+    The parameters never change (no optimizer), the batches do."""
+    plain, compressed = DDP(_mlp()), DDP(_mlp())
+    state = mod.TopKState(ratio=_RATIO, use_error_feedback=error_feedback, start_iter=2)
+    hook = _guarded(mod.topk_hook)
+    compressed.register_comm_hook(state, hook)
+    gen = torch.Generator().manual_seed(10 + dist.get_rank())
+    applied = true = 0.0
+    scale = 0.0
+    for step in range(_TOPK_STEPS + 1):
+        if step == _TOPK_STEPS:
+            state.ratio = 1.0  # send everything: with error feedback, the residual goes out too
+        batch = _batch(gen)
+        _backward(plain, batch)
+        _backward(compressed, batch)
+        _raise_todo(hook)
+        applied = applied + _grads(compressed)
+        true = true + _grads(plain)
+        scale += _grads(plain).abs().max().item()
+    return {"applied": applied, "true": true, "scale": scale, "numel": applied.numel()}
+
+
+def _bytes_per_step(mod) -> dict:
+    """Per hook and step: (bytes the state reported, bytes of the messages CollectiveLog saw)."""
+    out = {}
+    gen = torch.Generator().manual_seed(20 + dist.get_rank())
+    for what, state, hook_fn in (
+            ("topk", mod.TopKState(ratio=_RATIO, start_iter=2), mod.topk_hook),
+            ("powersgd", mod.PowerSGDState(matrix_approximation_rank=2, start_powerSGD_iter=2), mod.powersgd_hook)):
+        model = DDP(_mixed())
+        hook = _guarded(hook_fn)
+        model.register_comm_hook(state, hook)
+        rows = []
+        for step in range(5):
+            with CollectiveLog(also_in=(mod,)) as log:
+                _backward(model, _batch(gen))
+            _raise_todo(hook)
+            reported = state.bytes_per_step[step] if len(state.bytes_per_step) > step else None
+            rows.append((reported, log.bytes(), len(state.bytes_per_step)))
+        out[what] = rows
+    return out
+
+
+def _full_rank(mod) -> list[str]:
+    """PowerSGD with r >= every min(n, m) and every tensor compressed vs plain DDP, per step."""
+    plain, compressed = DDP(_mixed()), DDP(_mixed())
+    state = mod.PowerSGDState(matrix_approximation_rank=1000, min_compression_rate=0, start_powerSGD_iter=2)
+    hook = _guarded(mod.powersgd_hook)
+    compressed.register_comm_hook(state, hook)
+    gen = torch.Generator().manual_seed(30 + dist.get_rank())
+    problems = []
+    for step in range(5):
+        batch = _batch(gen)
+        _backward(plain, batch)
+        _backward(compressed, batch)
+        _raise_todo(hook)
+        for (name, p), q in zip(compressed.module.named_parameters(), plain.module.parameters()):
+            scale = q.grad.abs().max().item()
+            problem = diff_report(p.grad, q.grad, f"step {step}, parameter {name}", rtol=1e-4, atol=1e-5 * scale)
+            if problem:
+                problems.append(problem)
+    return problems
+
+
+def _first_difference(setting: str, mine: list[dict], theirs: list[dict], start: int) -> str | None:
+    """One line naming the first call (step, bucket, parameter) where the two hooks differ."""
+    if len(mine) != len(theirs):
+        return f"{setting}: your hook was called {len(mine)} times, torch's {len(theirs)}"
+    buckets = max(1, len({c["bucket"] for c in theirs}))
+    for i, (a, b) in enumerate(zip(mine, theirs)):
+        step = i // buckets
+        where = (f"{setting}: step {step} ({'compressed' if step >= start else 'plain all-reduce'} step; "
+                 f"start_powerSGD_iter={start}), bucket {b['bucket']}")
+        if "returned" not in a:
+            return f"{where}: your hook's future never completed"
+        for key, verb in (("received", "received"), ("returned", "returned")):
+            if torch.equal(a[key], b[key]):
+                continue
+            offset = 0
+            for name, numel in zip(b["params"], b["numels"]):
+                x, y = a[key][offset:offset + numel], b[key][offset:offset + numel]
+                if not torch.equal(x, y):
+                    diff = (x.double() - y.double()).abs().nan_to_num(float("inf"))
+                    return (f"{where}: the gradient of {name} the hook {verb} differs from torch's powerSGD_hook "
+                            f"in {int((x != y).sum())} of {numel} entries (max abs diff {diff.max().item():.3g})"
+                            + (" -- the inputs differ, so an earlier step's error feedback or state differed"
+                               if key == "received" else ""))
+                offset += numel
+            return f"{where}: the {verb} buffer differs from torch's (shape {tuple(a[key].shape)} vs {tuple(b[key].shape)})"
+    return None
+
+
+def _versus_torch(mod) -> list[str]:
+    """Per setting: DDP with torch's powerSGD_hook and DDP with yours, same weights, batches and
+    SGD steps; the first (step, bucket, parameter) where what the hooks returned differs."""
+    problems = []
+    gen_seed = 40 + dist.get_rank()
+    for setting, kwargs in _TORCH_SETTINGS.items():
+        models = {"torch": DDP(_mixed()), "yours": DDP(_mixed())}
+        names = {p.data_ptr(): n for m in models.values() for n, p in m.module.named_parameters()}
+        hooks = {"torch": _guarded(torch_powersgd.powerSGD_hook, names),
+                 "yours": _guarded(mod.powersgd_hook, names)}
+        models["torch"].register_comm_hook(torch_powersgd.PowerSGDState(None, **kwargs), hooks["torch"])
+        models["yours"].register_comm_hook(mod.PowerSGDState(None, **kwargs), hooks["yours"])
+        optimizers = {k: torch.optim.SGD(m.parameters(), lr=0.1) for k, m in models.items()}
+        gen = torch.Generator().manual_seed(gen_seed)
+        for _ in range(_TORCH_STEPS):
+            batch = _batch(gen)
+            for key in models:
+                _backward(models[key], batch)
+            _raise_todo(hooks["yours"])
+            for optimizer in optimizers.values():
+                optimizer.step()
+        problem = _first_difference(setting, hooks["yours"].calls, hooks["torch"].calls, kwargs["start_powerSGD_iter"])
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def _digits(mod) -> dict:
+    """Test accuracy after _EPOCHS epochs: plain DDP, top-k 5 % + error feedback, PowerSGD rank 1."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    train, test = load_digits("train").tensors, load_digits("test").tensors
+    variants = {"plain DDP": (None, None),
+                f"top-k {_RATIO:.0%} with error feedback": (mod.TopKState(ratio=_RATIO, start_iter=10), mod.topk_hook),
+                "PowerSGD rank 1": (mod.PowerSGDState(matrix_approximation_rank=1, start_powerSGD_iter=10),
+                                    mod.powersgd_hook)}
+    accuracy = {}
+    for what, (state, hook_fn) in variants.items():
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = DDP(nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)))
+        hook = None
+        if hook_fn is not None:
+            hook = _guarded(hook_fn)
+            model.register_comm_hook(state, hook)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(_EPOCHS):
+            order = torch.randperm(len(train[0]), generator=gen)
+            for start in range(0, len(order) - 63, 64):
+                mine = order[start:start + 64][rank::world]
+                _backward(model, (train[0][mine], train[1][mine]))
+                if hook is not None:
+                    _raise_todo(hook)
+                optimizer.step()
+        with torch.no_grad():
+            accuracy[what] = (model.module(test[0]).argmax(1) == test[1]).float().mean().item()
+    return accuracy
+
+
+def _compression_rank(ref: grading.ModuleRef) -> dict:
+    mod = ref.load()
+    scenarios = {
+        "topk_feedback": lambda: _topk_sums(mod, True),
+        "topk_no_feedback": lambda: _topk_sums(mod, False),
+        "bytes": lambda: _bytes_per_step(mod),
+        "full_rank": lambda: _full_rank(mod),
+        "torch": lambda: _versus_torch(mod),
+        "digits": lambda: _digits(mod),
+    }
+    return run_scenarios(scenarios, _AGREE_S)
+
+
+# ---------------------------------------------------------------- in the parent
+
+_world = SharedWorld(_compression_rank, _WORLD)
+
+
+def _results(ref: grading.ModuleRef, name: str) -> list:
+    return _world.results(name, ref, what=f"4.4 scenario {name!r}")
+
+
+def test_4_4_topk_error_feedback_loses_nothing(grade):
+    """sum_t applied_t + mean_r residual_r = sum_t true_t, exactly in real arithmetic; the last
+    step sends everything (ratio 1.0), residual included, so the sums themselves must agree.
+    float32: each of the ~2T additions per entry rounds by <= 2^-24 of the running magnitude,
+    so the gap is <= 2T * 6e-8 * sum_t max|true_t| ~ 1.3e-6 of it for T = 11; allowed: 1e-5
+    (measured with the reference: 2e-8)."""
+    results = _results(grade("4.4"), "topk_feedback")
+    problems = []
+    for rank, r in enumerate(results):
+        problem = diff_report(r["applied"], r["true"], f"rank {rank}: sum over {_TOPK_STEPS + 1} steps of the applied "
+                              f"gradients vs of the true averaged gradients", rtol=0, atol=1e-5 * r["scale"])
+        if problem:
+            problems.append(problem + " -- the residual must be (gradient + old residual) - what was sent, "
+                                      "added to the next step's gradient before choosing the top k")
+    if not torch.equal(results[0]["applied"], results[1]["applied"]):
+        problems.append("ranks 0 and 1 applied different gradients: every rank must sum the gathered sparse "
+                        "vectors in the same (rank) order, so the replicas stay identical")
+    assert_no_problems(problems, f"top-k ({_RATIO:.0%}) with error feedback, then one step at ratio 1.0, must apply "
+                                 "in total exactly what plain all-reduce applies:")
+
+
+def test_4_4_topk_without_feedback_loses_mass(grade):
+    results = _results(grade("4.4"), "topk_no_feedback")
+    for rank, r in enumerate(results):
+        lost = ((r["true"] - r["applied"]).norm() / r["true"].norm()).item()
+        # Measured with the reference: 0.77 of the summed gradient's norm never applied.
+        assert lost > 0.3, (
+            f"rank {rank}: with use_error_feedback=False, {_TOPK_STEPS - 2} top-k steps at {_RATIO:.0%} then one full "
+            f"step lost only {lost:.3f} of the summed gradient's norm (expected > 0.3: the 95 % not sent is dropped); "
+            "is the residual still kept and sent when error feedback is off?")
+
+
+def test_4_4_bytes_per_step_are_what_was_sent(grade):
+    results = _results(grade("4.4"), "bytes")
+    problems = []
+    numel = sum(p.numel() for p in _mixed().parameters())  # one bucket (DDP's default 25 MiB cap)
+    dense, topk_max = 4 * numel, (4 + 8) * math.ceil(_RATIO * numel)  # k float32 values + k int64 indices
+    for rank, r in enumerate(results):
+        for what, rows in r.items():
+            for step, (reported, sent, count) in enumerate(rows):
+                where = f"rank {rank}, {what}, step {step}"
+                if reported is None:
+                    problems.append(f"{where}: state.bytes_per_step has {count} entries after {step + 1} backward "
+                                    "passes (one per backward pass: state.record on every bucket)")
+                elif reported != sent:
+                    problems.append(f"{where}: state.bytes_per_step says {reported} bytes, the collectives were "
+                                    f"handed {sent} bytes")
+                if step < 2 and sent != dense:
+                    problems.append(f"{where}: before start iteration 2, expected one plain all-reduce of the "
+                                    f"{dense} bytes of gradients, got {sent} bytes")
+                if step >= 2 and what == "topk" and not 0 < sent <= topk_max:
+                    problems.append(f"{where}: {sent} bytes sent, expected at most {topk_max} (k = {_RATIO:.0%} "
+                                    "of the entries, values and indices): top-k of the LOCAL gradient, not a "
+                                    "dense all-reduce first")
+                if step >= 2 and what == "powersgd" and sent != _powersgd_bytes(_mixed(), rank=2, min_rate=2):
+                    problems.append(f"{where}: {sent} bytes sent, expected {_powersgd_bytes(_mixed(), 2, 2)} "
+                                    "(P and Q of every matrix worth compressing, the rest uncompressed)")
+    assert_no_problems(problems, "the bytes a hook reports per step must be the bytes it sent:")
+
+
+def _powersgd_bytes(model: nn.Module, rank: int, min_rate: float) -> int:
+    """torch's rule: M (n x m) compressed iff (n + m) * r * min_rate < n * m, r = min(n, m, rank)."""
+    total = 0
+    for p in model.parameters():
+        n, m = p.shape[0], p.numel() // p.shape[0]
+        r = min(n, m, rank)
+        total += (n + m) * r if (n + m) * r * min_rate < n * m else n * m
+    return 4 * total
+
+
+def test_4_4_powersgd_full_rank_equals_all_reduce(grade):
+    results = _results(grade("4.4"), "full_rank")
+    problems = [f"rank {rank}: {p}" for rank, rank_problems in enumerate(results) for p in rank_problems]
+    assert_no_problems(problems, "PowerSGD with matrix_approximation_rank >= min(n, m) and min_compression_rate=0 "
+                                 "(everything compressed, nothing lost) must give plain all-reduce's gradients "
+                                 "(P Q^T = P P^T M projects M onto a basis of its whole column space):")
+
+
+def test_4_4_powersgd_equals_torch_bitwise(grade):
+    results = _results(grade("4.4"), "torch")
+    problems = [f"rank {rank}: {p}" for rank, rank_problems in enumerate(results) for p in rank_problems]
+    assert_no_problems(problems, f"your powersgd_hook must return bitwise (torch.equal) what torch's powerSGD_hook "
+                                 f"returns with the same PowerSGDState settings, over {_TORCH_STEPS} SGD steps:")
+
+
+def test_4_4_compressed_training_reaches_plain_accuracy(grade):
+    results = _results(grade("4.4"), "digits")
+    accuracy = results[0]
+    baseline = accuracy["plain DDP"]
+    short = {what: acc for what, acc in accuracy.items() if acc < baseline - _MARGIN}
+    assert not short, (f"digits, 2 ranks, {_EPOCHS} epochs: test accuracy {accuracy}; compressed training must "
+                       f"come within {_MARGIN:.0%} of plain DDP's {baseline:.3f}")

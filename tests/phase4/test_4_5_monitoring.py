@@ -1,0 +1,470 @@
+"""Graded tests of exercise 4.5, monitoring and profiling (phase4_production/guidelines.md, section 4.5).
+
+Run them with `python tests/test_phase4.py -k 4_5` (your code) or
+`pytest tests/test_phase4.py -k 4_5` (the reference); tests/test_phase4.py collects them.
+
+No test here asserts how long anything took on this machine. Step-time breakdowns run on
+a fake clock (and a fake CUDA device whose kernels take a known time on a fake stream), so
+the expected times are exact; the straggler test injects a delay on chosen ranks, much
+longer than a step, and asserts WHO is named, never how long.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import gzip
+import json
+import math
+import os
+import socket
+import sys
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+
+import grading
+from compare import assert_no_problems
+from common.launch import run_world
+
+PHASE_NAMES = ("data", "forward", "backward", "comm", "optimizer")
+
+# ------------------------------------------------------------ a fake clock and GPU
+
+
+class FakeGPU:
+    """A host clock that moves only when told, and one CUDA stream that runs launched
+    "kernels" asynchronously: launch() returns at once (the host clock barely moves) and
+    the kernel ends `seconds` after the stream's previous work. Synchronising moves the
+    host clock to the stream's end, as a real cudaDeviceSynchronize waits for it."""
+
+    LAUNCH_S = 1e-6
+
+    def __init__(self) -> None:
+        self.host = 1000.0
+        self.stream_end = 1000.0
+
+    def host_work(self, seconds: float) -> None:  # CPU-side work, e.g. a slow data loader
+        self.host += seconds
+
+    def launch(self, seconds: float) -> None:
+        self.stream_end = max(self.host, self.stream_end) + seconds
+        self.host += self.LAUNCH_S
+
+    def synchronize(self, *args, **kwargs) -> None:
+        self.host = max(self.host, self.stream_end)
+
+
+def _install_fake_clock(monkeypatch, gpu: FakeGPU, module) -> None:
+    """Every host clock a timer might read (time.perf_counter, monotonic, time and their
+    _ns forms, also where the graded module imported them by name) reads gpu.host."""
+    seconds, nanos = (lambda: gpu.host), (lambda: int(round(gpu.host * 1e9)))
+    for name in ("perf_counter", "monotonic", "time"):
+        original = getattr(time, name)
+        original_ns = getattr(time, name + "_ns")
+        monkeypatch.setattr(time, name, seconds)
+        monkeypatch.setattr(time, name + "_ns", nanos)
+        for attr, value in list(vars(module).items()):
+            if value is original:
+                monkeypatch.setattr(module, attr, seconds)
+            elif value is original_ns:
+                monkeypatch.setattr(module, attr, nanos)
+
+
+def _install_fake_cuda(monkeypatch, gpu: FakeGPU) -> None:
+    """torch.cuda as a timer on CUDA may use it (StepTimer's docstring): Event(enable_timing=True)
+    with record/synchronize/query/elapsed_time, synchronize(), current_stream().synchronize()."""
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool = False, **kwargs) -> None:
+            if not enable_timing:
+                raise RuntimeError("fake CUDA: an Event made without enable_timing=True cannot be timed")
+            self.t = None
+
+        def record(self, stream=None) -> None:  # the GPU reaches the event after the queued work
+            self.t = max(gpu.host, gpu.stream_end)
+
+        def query(self) -> bool:
+            return self.t is not None and self.t <= gpu.host
+
+        def synchronize(self) -> None:
+            gpu.host = max(gpu.host, self.t)
+
+        def wait(self, stream=None) -> None:
+            pass
+
+        def elapsed_time(self, end: "FakeEvent") -> float:
+            if self.t is None or end.t is None:
+                raise RuntimeError("fake CUDA: elapsed_time between events that were never recorded")
+            if not (self.query() and end.query()):
+                raise RuntimeError("fake CUDA: both events must be completed before calculating elapsed time "
+                                   "(cudaErrorNotReady): synchronise first")
+            return (end.t - self.t) * 1e3
+
+    class FakeStream:
+        def synchronize(self) -> None:
+            gpu.synchronize()
+
+        def record_event(self, event=None):
+            event = event or FakeEvent(enable_timing=True)
+            event.record(self)
+            return event
+
+        def wait_stream(self, other) -> None:
+            pass
+
+    stream = FakeStream()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", gpu.synchronize)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
+    monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: stream)
+
+
+# One step: (where, seconds). "outside" is host work in no phase; a GPU phase launches a kernel.
+STEP_PLAN = [("outside", 0.002), ("data", 0.030), ("forward", 0.040), ("backward", 0.080),
+             ("comm", 0.015), ("comm", 0.005), ("optimizer", 0.010), ("outside", 0.001)]
+
+
+def _run_planned_step(timer, gpu: FakeGPU, on_gpu: bool, samples: int = 8) -> dict:
+    timer.start()
+    for where, seconds in STEP_PLAN:
+        if where == "outside":
+            gpu.host_work(seconds)
+            continue
+        with timer.phase(where):
+            if where == "data" or not on_gpu:
+                gpu.host_work(seconds)  # the loader (and, on CPU, compute) keeps the host busy
+            else:
+                gpu.launch(seconds)
+    return timer.stop(samples=samples)
+
+
+def _expected_times(overlapped: bool = False) -> dict:
+    """overlapped: the last host work ran while the device still worked through its queue
+    (events); without overlap (a timer that synchronises at every mark) it adds to the step."""
+    expected = {name: 0.0 for name in PHASE_NAMES}
+    for where, seconds in STEP_PLAN:
+        if where != "outside":
+            expected[where] += seconds
+    expected["step"] = sum(seconds for _, seconds in STEP_PLAN)
+    if overlapped:
+        expected["step"] -= STEP_PLAN[-1][1]
+    expected["other"] = expected["step"] - sum(expected[name] for name in PHASE_NAMES)
+    return expected
+
+
+def _breakdown_problems(times: dict, expected: dict, what: str, tol: float) -> list[str]:
+    problems = []
+    for key in (*PHASE_NAMES, "other", "step"):
+        if key not in times:
+            problems.append(f"{what}: no {key!r} in the times returned by stop() (keys {sorted(times)})")
+        elif not math.isclose(times[key], expected[key], rel_tol=0, abs_tol=tol):
+            problems.append(f"{what}: {key!r} = {times[key] * 1e3:.3f} ms, expected {expected[key] * 1e3:.3f} ms")
+    if all(key in times for key in (*PHASE_NAMES, "other", "step")):
+        total = sum(times[key] for key in (*PHASE_NAMES, "other"))
+        if not math.isclose(total, times["step"], rel_tol=1e-9, abs_tol=1e-12):
+            problems.append(f"{what}: the parts sum to {total * 1e3:.6f} ms but the step took "
+                            f"{times['step'] * 1e3:.6f} ms (a gap or a double count)")
+    return problems
+
+
+def test_4_5_breakdown_sums_to_the_step(grade, monkeypatch):
+    mod = grade("4.5").load()
+    problems = []
+    # 1) real clock, real model on CPU: the parts sum to the step, none negative.
+    model, timer = torch.nn.Linear(16, 4), mod.StepTimer("cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(2):
+        timer.start()
+        with timer.phase("data"):
+            x = torch.randn(8, 16)
+        with timer.phase("forward"):
+            loss = model(x).square().mean()
+        with timer.phase("backward"):
+            loss.backward()
+        with timer.phase("optimizer"):
+            opt.step()
+            opt.zero_grad()
+        times = timer.stop(samples=8)
+        total = sum(times[key] for key in (*PHASE_NAMES, "other"))
+        if not math.isclose(total, times["step"], rel_tol=1e-9, abs_tol=1e-12):
+            problems.append(f"real CPU step {step}: parts sum to {total:.9f} s, the step took {times['step']:.9f} s")
+        negative = [key for key in (*PHASE_NAMES, "step") if times[key] < 0] + \
+                   (["other"] if times["other"] < -1e-6 * max(times["step"], 1e-9) else [])
+        if negative:
+            problems.append(f"real CPU step {step}: negative times for {negative}: {times}")
+    # 2) fake clock: a slow loader is data wait; host work outside any phase is "other".
+    gpu = FakeGPU()
+    _install_fake_clock(monkeypatch, gpu, mod)
+    timer = mod.StepTimer("cpu")
+    expected = _expected_times()
+    for step in range(2):
+        times = _run_planned_step(timer, gpu, on_gpu=False)
+        problems += _breakdown_problems(times, expected, f"CPU step {step} (fake clock)", tol=1e-6)
+        if "samples_per_s" in times and not math.isclose(times["samples_per_s"], 8 / expected["step"], rel_tol=1e-4):
+            problems.append(f"CPU step {step}: samples_per_s = {times['samples_per_s']:.3f}, expected 8 samples / "
+                            f"{expected['step']:.3f} s = {8 / expected['step']:.3f}")
+    assert_no_problems(problems, "StepTimer's breakdown (phases in ms; a 30 ms loader, comm entered twice, "
+                                 "3 ms of work in no phase):")
+
+
+def test_4_5_gpu_time_is_measured_on_the_device(grade, monkeypatch):
+    """On a (fake) CUDA device kernels are queued: a host clock around a launch sees ~0."""
+    mod = grade("4.5").load()
+    gpu = FakeGPU()
+    _install_fake_clock(monkeypatch, gpu, mod)
+    _install_fake_cuda(monkeypatch, gpu)
+    timer = mod.StepTimer(torch.device("cuda", 0))
+    problems = []
+    for step in range(2):
+        times = _run_planned_step(timer, gpu, on_gpu=True)
+        problems += min((_breakdown_problems(times, _expected_times(overlapped), f"CUDA step {step}", tol=1e-4)
+                         for overlapped in (True, False)), key=len)
+        if gpu.host < gpu.stream_end:
+            problems.append(f"CUDA step {step}: stop() returned before the device finished the step's work")
+    assert_no_problems(problems, "StepTimer on a CUDA device whose kernels run asynchronously (forward 40 ms, "
+                                 "backward 80 ms, ... queued on the stream; launches return at once): time with "
+                                 "CUDA events, or synchronise before reading a host clock:")
+
+
+# --------------------------------------------------------------------- stragglers
+
+WINDOW = 2  # steps per straggler report
+# name -> (delay per step for some ranks, threshold, min_excess_s); a world of 4 ranks on hosts node0, node1
+SCENARIOS = {
+    "nobody slow": ({}, 0.5, 0.1),
+    "rank 2 slow": ({2: 0.25}, 0.5, 0.1),
+    "ranks 1 and 3 slow": ({1: 0.25, 3: 0.9}, 0.5, 0.05),  # rank 3 drags a mean above rank 1
+}
+
+
+def _host_of(rank: int) -> str:
+    return f"node{rank // 2}"
+
+
+def _straggler_rank(ref: grading.ModuleRef):
+    mod = ref.load()
+    rank = dist.get_rank()
+    fake_host = _host_of(rank)
+    socket.gethostname = lambda: fake_host  # this process only: ranks 0,1 on node0, ranks 2,3 on node1
+    for attr, value in list(vars(mod).items()):
+        if getattr(value, "__name__", None) == "gethostname" and callable(value):
+            setattr(mod, attr, socket.gethostname)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    timer = mod.StepTimer("cpu")
+
+    def train_step(delay: float, batch: int) -> dict:
+        timer.start()
+        with timer.phase("data"):
+            x = torch.randn(batch, 8)
+        with timer.phase("forward"):
+            if delay:
+                time.sleep(delay)  # the injected slowness: this rank's forward is slow
+            loss = model(x).square().mean()
+        with timer.phase("backward"):
+            loss.backward()
+        with timer.phase("comm"):
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+        with timer.phase("optimizer"):
+            opt.step()
+            opt.zero_grad()
+        return timer.stop(samples=batch)
+
+    train_step(0.0, 4)  # warm-up, not reported
+    out = {}
+    for name, (delays, threshold, min_excess) in SCENARIOS.items():
+        detector = mod.StragglerDetector(every=WINDOW, threshold=threshold, min_excess_s=min_excess)
+        steps, reports = [], []
+        for i in range(WINDOW):
+            times = train_step(delays.get(rank, 0.0), batch=4 + rank)
+            steps.append({k: times[k] for k in ("step", "comm", "samples")})
+            reports.append(detector.update(times))
+        out[name] = (steps, reports)
+    return out
+
+
+@functools.lru_cache(maxsize=4)
+def _straggler_world(ref: grading.ModuleRef):
+    return run_world(_straggler_rank, 4, args=(ref,))
+
+
+def _reports(results, name: str) -> list[dict]:
+    problems = []
+    for rank, per_rank in enumerate(results):
+        _, reports = per_rank[name]
+        if any(r is not None for r in reports[:-1]):
+            problems.append(f"{name}: rank {rank} got a report before step {WINDOW} (every={WINDOW})")
+        if not isinstance(reports[-1], dict):
+            problems.append(f"{name}: rank {rank} got {reports[-1]!r} at step {WINDOW}, not a report (every={WINDOW})")
+    assert_no_problems(problems)
+    return [per_rank[name][1][-1] for per_rank in results]
+
+
+def test_4_5_straggler_is_named_with_rank_and_host(grade):
+    results = _straggler_world(grade("4.5"))
+    problems = []
+    for name, (delays, _, _) in SCENARIOS.items():
+        for rank, report in enumerate(_reports(results, name)):
+            named = sorted((s.get("rank"), s.get("host")) for s in report.get("stragglers", []))
+            expected = sorted((r, _host_of(r)) for r in delays)
+            if named != expected:
+                problems.append(f"{name}: rank {rank}'s report names {named or 'nobody'} as (rank, host) of the "
+                                f"stragglers, expected {expected or 'nobody'}")
+    assert_no_problems(problems, "StragglerDetector in a world of 4 (ranks 0,1 on node0, ranks 2,3 on node1; a "
+                                 "slow rank's forward sleeps; everyone then waits for it in the gradient all-reduce):")
+
+
+def test_4_5_throughput_per_rank_and_global(grade):
+    results = _straggler_world(grade("4.5"))
+    problems = []
+    for name in SCENARIOS:
+        steps = [per_rank[name][0] for per_rank in results]
+        samples = [sum(s["samples"] for s in rank_steps) for rank_steps in steps]
+        seconds = [sum(s["step"] for s in rank_steps) for rank_steps in steps]
+        expected_global = sum(samples) / max(seconds)
+        expected_ranks = [n / s for n, s in zip(samples, seconds)]
+        for rank, report in enumerate(_reports(results, name)):
+            got = report.get("samples_per_s")
+            if got is None or not math.isclose(got, expected_global, rel_tol=1e-6):
+                problems.append(f"{name}: rank {rank}'s global samples_per_s = {got}, expected {expected_global:.3f} "
+                                f"(all ranks' {sum(samples)} samples / the slowest rank's {max(seconds):.4f} s)")
+            got_ranks = report.get("rank_samples_per_s")
+            if got_ranks is None or len(got_ranks) != 4 or not all(
+                    math.isclose(g, e, rel_tol=1e-6) for g, e in zip(got_ranks, expected_ranks)):
+                problems.append(f"{name}: rank {rank}'s rank_samples_per_s = {got_ranks}, expected "
+                                f"{[round(e, 3) for e in expected_ranks]} (each rank's samples / its own time)")
+    assert_no_problems(problems, "throughput in the straggler reports (ranks process 4, 5, 6, 7 samples a step):")
+
+
+# ------------------------------------------------------------------- MFU, memory
+
+
+def test_4_5_mfu_and_peak_lookup(grade):
+    mod = grade("4.5").load()
+    problems = []
+    names = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H100 NVL": 835e12,
+             "NVIDIA H200": 989e12, "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA A100-PCIE-40GB": 312e12,
+             "NVIDIA L4": 121e12, "NVIDIA L40S": 362e12, "NVIDIA A10": 125e12, "Tesla T4": None,
+             "NVIDIA GeForce GTX 1080": None}
+    for name, peak in names.items():
+        got = mod.peak_flops(name)
+        if (got is None) != (peak is None) or (peak is not None and not math.isclose(got, peak, rel_tol=0.02)):
+            problems.append(f"peak_flops({name!r}) = {got}, expected {peak} (dense bf16, PEAK_BF16_FLOPS)")
+    for rate, flops, peak in ((1000.0, 24.3e9, 989e12), (250.0, 101e9, 312e12), (1.0, 1.0, 4.0)):
+        got, expected = mod.mfu(rate, flops, peak), rate * flops / peak
+        if not math.isclose(got, expected, rel_tol=1e-9):
+            problems.append(f"mfu({rate} samples/s, {flops:g} FLOP/sample, peak {peak:g} FLOP/s) = {got}, expected {expected}")
+    assert_no_problems(problems, "MFU = samples/s * FLOP per sample / peak FLOP/s:")
+
+
+def test_4_5_memory_stats(grade, monkeypatch):
+    mod = grade("4.5").load()
+    big = torch.ones(2**24)  # 64 MiB, touched
+    got = mod.memory_stats("cpu").get("peak_rss_bytes")
+    if sys.platform.startswith("linux"):
+        with open("/proc/self/status") as status:
+            truth = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+    else:
+        import resource
+        truth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    del big
+    assert got is not None and math.isclose(got, truth, rel_tol=0.1), (
+        f"memory_stats('cpu')['peak_rss_bytes'] = {got}, but this process's peak resident set is {truth} bytes "
+        "(in bytes: ru_maxrss is in KiB on Linux)")
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 123 << 20)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 456 << 20)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    got = mod.memory_stats(torch.device("cuda", 0))
+    assert got.get("peak_allocated_bytes") == 123 << 20 and got.get("peak_reserved_bytes") == 456 << 20, (
+        f"memory_stats(cuda:0) = {got}; expected peak_allocated_bytes from torch.cuda.max_memory_allocated "
+        f"({123 << 20}) and peak_reserved_bytes from torch.cuda.max_memory_reserved ({456 << 20})")
+
+
+# ------------------------------------------------------------ metrics and traces
+
+
+def test_4_5_json_lines_carry_rank_step_and_fields(grade, tmp_path):
+    mod = grade("4.5").load()
+    board = tmp_path / "board"
+    with warnings.catch_warnings():  # "tensorboard is not installed" is fine: it is an optional extra
+        warnings.simplefilter("ignore")
+        writer = mod.MetricsWriter(tmp_path / "metrics_{rank}.jsonl", rank=3, tensorboard_dir=board)
+    written = [dict(loss=torch.tensor(0.25), step_s=0.125, samples_per_s=512.0, phase="train"),
+               dict(loss=torch.tensor(0.5), step_s=0.25, samples_per_s=256.0, phase="train")]
+    for step, fields in zip((10, 11), written):
+        writer.write(step, **fields)
+    writer.close()
+    path = tmp_path / "metrics_3.jsonl"
+    assert path.exists(), f"no {path.name}: MetricsWriter must write to its path with {{rank}} filled in " \
+                          f"(found {sorted(p.name for p in tmp_path.iterdir())})"
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2, f"{path.name} holds {len(lines)} lines after 2 writes: one JSON object per line"
+    problems = []
+    for line, step, fields in zip(lines, (10, 11), written):
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            problems.append(f"line {line!r} is not JSON: {e}")
+            continue
+        expected = {"rank": 3, "step": step, "loss": fields["loss"].item(), "step_s": fields["step_s"],
+                    "samples_per_s": fields["samples_per_s"], "phase": "train"}
+        for key, value in expected.items():
+            if record.get(key) != value:
+                problems.append(f"step {step}: {key} = {record.get(key)!r} in the JSON line, expected {value!r}")
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        pass  # optional extra: without it, JSON lines only
+    else:
+        if not list(board.glob("**/events.out.tfevents.*")):
+            problems.append(f"tensorboard is installed but {board} holds no event file")
+    assert_no_problems(problems, "MetricsWriter's JSON lines:")
+
+
+def test_4_5_profiler_trace_holds_the_scheduled_steps(grade, tmp_path):
+    mod = grade("4.5").load()
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    timer = mod.StepTimer("cpu")
+    folder = tmp_path / "traces"
+    with mod.training_profiler(folder, rank=1, wait=1, warmup=1, active=2, repeat=1) as prof:
+        for _ in range(6):
+            timer.start()
+            with timer.phase("data"):
+                x = torch.randn(8, 16)
+            with timer.phase("forward"):
+                loss = model(x).square().mean()
+            with timer.phase("backward"):
+                loss.backward()
+            with timer.phase("optimizer"):
+                opt.step()
+                opt.zero_grad()
+            timer.stop(samples=8)
+            prof.step()
+    files = sorted(glob.glob(str(folder / "**" / "*.json*"), recursive=True))
+    assert len(files) == 1, (f"after 6 steps with wait=1, warmup=1, active=2, repeat=1 the profiler should have "
+                             f"written one trace (a .json Chrome/Perfetto trace) under {folder}; found {files}")
+    opener = gzip.open if files[0].endswith(".gz") else open
+    with opener(files[0], "rt") as f:
+        events = json.load(f)
+    events = events.get("traceEvents", []) if isinstance(events, dict) else events
+    names = {e.get("name", "") for e in events if isinstance(e, dict)}
+    steps = sorted(n for n in names if n.startswith("ProfilerStep#"))
+    problems = []
+    if steps != ["ProfilerStep#2", "ProfilerStep#3"]:
+        problems.append(f"the trace holds the spans {steps or 'no ProfilerStep#'}; the schedule (wait=1, warmup=1, "
+                        "active=2) records steps 2 and 3 only")
+    model_ops = names & {"aten::linear", "aten::addmm", "aten::mm", "aten::matmul"}
+    if not model_ops:
+        problems.append(f"the trace holds none of the model's matrix products (aten::linear/addmm/mm); "
+                        f"{len(names)} span names, e.g. {sorted(names)[:8]}")
+    assert_no_problems(problems, f"profiler trace {os.path.basename(files[0])}:")
