@@ -1,9 +1,12 @@
 """What the benchmark scripts share: one-line flag errors, an optional matplotlib, message
-sizes as text, and the check that decides whether a learner's all-reduce is timed."""
+sizes as text, --json/--plot output, and the check that decides whether a learner's
+all-reduce is timed."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -29,6 +32,17 @@ def pyplot_or_none():
         print("matplotlib not installed: pip install matplotlib (or pip install -e '.[plot]')")
         return None
     return plt
+
+
+
+def save_outputs(result, json_path: str | None, plot_path: str | None = None, plot=None) -> None:
+    """The raw numbers as JSON (--json) and the figure (--plot, drawn by `plot(result, path)`),
+    each only when asked for."""
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"raw numbers written to {json_path}")
+    if plot_path and plot is not None:
+        plot(result, plot_path)
 
 
 def fmt_size(n: int) -> str:

@@ -20,7 +20,6 @@ if str(REPO_ROOT) not in sys.path:  # run without installing; spawned ranks re-r
     sys.path.insert(0, str(REPO_ROOT))
 
 import importlib  # noqa: E402
-import json  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -30,7 +29,7 @@ from common.launch import exit_on_user_error, run_world  # noqa: E402
 from solutions.phase1_data_parallel.allreduce import STRATEGIES as REFERENCE  # noqa: E402
 from solutions.phase1_data_parallel.comm_bench import (  # noqa: E402
     TORCH_ALL_REDUCE_MODEL, bandwidths, cost_terms, describe_fit, fit_alpha_beta, time_collective)
-from _util import OneLineParser, fmt_size, learner_status, pyplot_or_none  # noqa: E402  (benchmarks/ is sys.path[0])
+from _util import OneLineParser, fmt_size, learner_status, pyplot_or_none, save_outputs  # noqa: E402  (benchmarks/ is sys.path[0])
 
 BASELINE = "dist.all_reduce"
 LEARNER_MODULE = "phase1_data_parallel.allreduce"
@@ -163,11 +162,7 @@ def main(argv: list[str] | None = None, learner: str = LEARNER_MODULE) -> None:
         results = run_world(bench_rank, args.nproc, args=(sizes, args.iters, args.repeats, learner), timeout=args.timeout)
     result = derive(results[0])
     print(format_report(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"raw numbers written to {args.json}")
-    if args.plot:
-        plot(result, args.plot)
+    save_outputs(result, args.json, args.plot, plot)
 
 
 if __name__ == "__main__":

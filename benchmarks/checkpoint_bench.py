@@ -28,7 +28,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # run without installing
     sys.path.insert(0, str(REPO_ROOT))
 
-import json  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
@@ -41,7 +40,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from solutions.phase4_production.checkpoint import atomic_save, load_verified  # noqa: E402
-from _util import OneLineParser, pyplot_or_none  # noqa: E402  (benchmarks/ is sys.path[0])
+from _util import OneLineParser, pyplot_or_none, save_outputs  # noqa: E402  (benchmarks/ is sys.path[0])
 
 BASELINE = "torch.save"
 
@@ -156,11 +155,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     result = run(args.model, args.rounds, args.dir)
     report(result)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"raw numbers written to {args.json}")
-    if args.plot:
-        plot(result, args.plot)
+    save_outputs(result, args.json, args.plot, plot)
 
 
 if __name__ == "__main__":

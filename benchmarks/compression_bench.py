@@ -30,7 +30,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # run without installing; spawned ranks re-run this
     sys.path.insert(0, str(REPO_ROOT))
 
-import json  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
@@ -47,7 +46,7 @@ from common.measure import CollectiveLog  # noqa: E402
 from common.models import MLP  # noqa: E402
 from solutions.phase4_production.compression import (  # noqa: E402
     PowerSGDState, TopKState, powersgd_hook, topk_hook)
-from _util import OneLineParser, fmt_size, pyplot_or_none  # noqa: E402  (benchmarks/ is sys.path[0])
+from _util import OneLineParser, fmt_size, pyplot_or_none, save_outputs  # noqa: E402  (benchmarks/ is sys.path[0])
 
 BASELINE = "plain DDP"
 START = 2  # first compressed iteration
@@ -188,11 +187,7 @@ def main(argv: list[str] | None = None) -> None:
                                                           args.rounds, args.ratios, args.ranks), timeout=args.timeout)
     result = derive(results[0])
     print(format_report(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"raw numbers written to {args.json}")
-    if args.plot:
-        plot(result, args.plot)
+    save_outputs(result, args.json, args.plot, plot)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ if str(REPO_ROOT) not in sys.path:  # run without installing; spawned ranks re-r
     sys.path.insert(0, str(REPO_ROOT))
 
 import importlib  # noqa: E402
-import json  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
@@ -45,7 +44,7 @@ from common.launch import exit_on_user_error, run_world  # noqa: E402
 from common.models import MLP, cifar_resnet18  # noqa: E402
 from solutions.phase1_data_parallel.trainer import sync_gradients  # noqa: E402
 from solutions.phase3_multi_node.bucketed_ddp import BucketedDDP, assign_buckets  # noqa: E402
-from _util import OneLineParser, pyplot_or_none  # noqa: E402  (benchmarks/ is sys.path[0])
+from _util import OneLineParser, pyplot_or_none, save_outputs  # noqa: E402  (benchmarks/ is sys.path[0])
 
 LEARNER_MODULE = "phase3_multi_node.bucketed_ddp"
 BASELINE = "torch DDP"
@@ -237,11 +236,7 @@ def main(argv: list[str] | None = None, learner: str = LEARNER_MODULE) -> None:
                                                           args.rounds, learner), timeout=args.timeout)
     result = derive(results[0])
     print(format_report(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"raw numbers written to {args.json}")
-    if args.plot:
-        plot(result, args.plot)
+    save_outputs(result, args.json, args.plot, plot)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ if str(REPO_ROOT) not in sys.path:  # run without installing; spawned ranks re-r
     sys.path.insert(0, str(REPO_ROOT))
 
 import importlib  # noqa: E402
-import json  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
@@ -38,7 +37,7 @@ import torch.nn.functional as F  # noqa: E402
 from common.data import load_digits  # noqa: E402
 from common.launch import exit_on_user_error, run_world  # noqa: E402
 from common.measure import CollectiveLog  # noqa: E402
-from _util import OneLineParser  # noqa: E402  (benchmarks/ is sys.path[0])
+from _util import OneLineParser, save_outputs  # noqa: E402  (benchmarks/ is sys.path[0])
 
 _P2P = ("send", "recv", "isend", "irecv")
 
@@ -210,9 +209,7 @@ def main(argv: list[str] | None = None) -> None:
         args.servers = [1] + args.servers  # the throughput runs need K = 1
     results = run(args)
     print(report(results, args))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
-        print(f"raw numbers written to {args.json}")
+    save_outputs(results, args.json)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ if str(REPO_ROOT) not in sys.path:  # run without installing; spawned ranks re-r
     sys.path.insert(0, str(REPO_ROOT))
 
 import importlib  # noqa: E402
-import json  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -28,7 +27,7 @@ from common.distributed import current_device  # noqa: E402
 from common.launch import exit_on_user_error, run_world  # noqa: E402
 from solutions.phase1_data_parallel.comm_bench import bandwidths, time_collective  # noqa: E402
 from solutions.phase3_multi_node.ring import ring_all_reduce as reference_ring  # noqa: E402
-from _util import OneLineParser, fmt_size, learner_status, pyplot_or_none  # noqa: E402  (benchmarks/ is sys.path[0])
+from _util import OneLineParser, fmt_size, learner_status, pyplot_or_none, save_outputs  # noqa: E402  (benchmarks/ is sys.path[0])
 
 BASELINE = "dist.all_reduce"
 LEARNER_MODULE = "phase3_multi_node.ring"
@@ -132,11 +131,7 @@ def main(argv: list[str] | None = None, learner: str = LEARNER_MODULE) -> None:
             results.append(run_world(bench_rank, world, args=(sizes, args.iters, args.repeats, learner),
                                      timeout=args.timeout)[0])
         print(format_report(results[-1]), end="\n\n", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
-        print(f"raw numbers written to {args.json}")
-    if args.plot:
-        plot(results, args.plot)
+    save_outputs(results, args.json, args.plot, plot)
 
 
 if __name__ == "__main__":

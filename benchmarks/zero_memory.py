@@ -23,7 +23,6 @@ if str(REPO_ROOT) not in sys.path:  # run without installing; spawned ranks re-r
     sys.path.insert(0, str(REPO_ROOT))
 
 import importlib  # noqa: E402
-import json  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -34,7 +33,7 @@ from common.distributed import current_device  # noqa: E402
 from common.launch import exit_on_user_error, run_world  # noqa: E402
 from common.measure import CollectiveLog, PeakBytes, ring_elements_sent, training_memory  # noqa: E402
 from solutions.phase2_advanced.zero import layer_numels, zero_state_bytes  # noqa: E402
-from _util import OneLineParser  # noqa: E402  (benchmarks/ is sys.path[0])
+from _util import OneLineParser, save_outputs  # noqa: E402  (benchmarks/ is sys.path[0])
 
 NAMES = {0: "DP (stage 0)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
 CLASSES = {0: "DataParallelAdam", 1: "ZeroStage1", 2: "ZeroStage2", 3: "ZeroStage3"}
@@ -143,9 +142,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("need --worlds >= 1, --width >= 1, --layers >= 1, --batch >= 1")
     results = run(args)
     print(report(results, args))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
-        print(f"raw numbers written to {args.json}")
+    save_outputs(results, args.json)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@
    mistake learners make) must be rejected: each test it names in CAUGHT_BY must fail
    by an assertion or an exception of the control's code, not as TODO and not by a
    harness error (outcome "error": a rank died without reporting, or the world could
-   not even start before its deadline).
+   not even start before its deadline). A control whose bug deadlocks may set
+   WORLD_TIMEOUT = <seconds> (the most its tests' worlds need), so that the deliberate
+   deadlock is ended sooner than the default 60 s.
 
     python tools/check_grading.py              # all phases
     python tools/check_grading.py --phase 1    # one phase
@@ -38,7 +40,7 @@ def read_control(path: Path) -> dict:
     found = {"path": path, "doc": (ast.get_docstring(tree) or "").splitlines()[0:1]}
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            if node.targets[0].id in ("EXERCISE", "CAUGHT_BY"):
+            if node.targets[0].id in ("EXERCISE", "CAUGHT_BY", "WORLD_TIMEOUT"):
                 found[node.targets[0].id] = ast.literal_eval(node.value)
     if "EXERCISE" not in found or not found.get("CAUGHT_BY"):
         raise SystemExit(f"{path}: a negative control needs EXERCISE = 'x.y' and CAUGHT_BY = [test names]")
@@ -46,13 +48,14 @@ def read_control(path: Path) -> dict:
     return found
 
 
-def run_pytest(test_file: Path, extra: list[str]) -> dict[str, str]:
+def run_pytest(test_file: Path, extra: list[str], env: dict[str, str] | None = None) -> dict[str, str]:
     """Run one pytest session in a subprocess; return {test nodeid: pass|fail|error|todo}."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "grades.json"
         cmd = [sys.executable, "-m", "pytest", str(test_file), "-q", "--tb=no", "-p", "no:cacheprovider",
                f"--grade-json={report}", *extra]
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
+                              env=dict(os.environ, **(env or {})))
         if not report.exists():
             raise SystemExit(f"pytest wrote no report for {' '.join(cmd)}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
         return json.loads(report.read_text())["tests"]
@@ -71,7 +74,11 @@ def check_templates(test_file: Path) -> list[str]:
 def check_control(test_file: Path, control: dict) -> str | None:
     names = control["CAUGHT_BY"]
     started = time.monotonic()
-    outcomes = run_pytest(test_file, ["--override", f"{control['EXERCISE']}={control['path']}", "-k", " or ".join(names)])
+    # A control whose bug deadlocks a world may say how long a world of its tests needs at most
+    # (WORLD_TIMEOUT, seconds), so that its deliberate deadlock is not waited out for 60 s.
+    env = {"COURSE_WORLD_TIMEOUT": str(control["WORLD_TIMEOUT"])} if "WORLD_TIMEOUT" in control else None
+    outcomes = run_pytest(test_file, ["--override", f"{control['EXERCISE']}={control['path']}", "-k", " or ".join(names)],
+                          env)
     problems, deaths = [], []
     for name in names:
         results = [v for k, v in outcomes.items() if k.split("::")[-1].split("[")[0] == name]
@@ -95,7 +102,8 @@ def check_control(test_file: Path, control: dict) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--phase", type=int, action="append", help="only these phases (repeatable)")
-    parser.add_argument("--jobs", type=int, default=2, help="pytest sessions at once")
+    parser.add_argument("--jobs", type=int, default=3,
+                        help="pytest sessions at once (3 on 2 cores: a session's start-up uses one core)")
     parser.add_argument("--only", action="append", metavar="TEXT",
                         help="only the controls whose file name contains TEXT (repeatable)")
     parser.add_argument("--no-templates", action="store_true", help="skip the check of the templates")
