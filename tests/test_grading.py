@@ -255,7 +255,7 @@ def test_a_control_rejected_only_by_a_harness_error_is_not_rejected(monkeypatch,
                "CAUGHT_BY": ["test_1_2_a", "test_1_2_b"]}
     outcomes = {"tests/test_phase1.py::test_1_2_a[2]": "error", "tests/test_phase1.py::test_1_2_a[3]": "error",
                 "tests/test_phase1.py::test_1_2_b": "fail"}
-    monkeypatch.setattr(check_grading, "run_pytest", lambda test_file, extra: outcomes)
+    monkeypatch.setattr(check_grading, "run_pytest", lambda test_file, extra, env=None: outcomes)
     problem = check_grading.check_control(ROOT / "tests" / "test_phase1.py", control)
     out = capsys.readouterr().out
     assert problem and "test_1_2_a" in problem and "harness" in problem and "test_1_2_b" not in problem, problem

@@ -78,7 +78,7 @@ def check_control(test_file: Path, control: dict) -> str | None:
     # (WORLD_TIMEOUT, seconds), so that its deliberate deadlock is not waited out for 60 s.
     env = {"COURSE_WORLD_TIMEOUT": str(control["WORLD_TIMEOUT"])} if "WORLD_TIMEOUT" in control else None
     outcomes = run_pytest(test_file, ["--override", f"{control['EXERCISE']}={control['path']}", "-k", " or ".join(names)],
-                          env)
+                          env=env)
     problems, deaths = [], []
     for name in names:
         results = [v for k, v in outcomes.items() if k.split("::")[-1].split("[")[0] == name]
