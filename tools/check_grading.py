@@ -102,8 +102,7 @@ def check_control(test_file: Path, control: dict) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--phase", type=int, action="append", help="only these phases (repeatable)")
-    parser.add_argument("--jobs", type=int, default=3,
-                        help="pytest sessions at once (3 on 2 cores: a session's start-up uses one core)")
+    parser.add_argument("--jobs", type=int, default=2, help="pytest sessions at once")
     parser.add_argument("--only", action="append", metavar="TEXT",
                         help="only the controls whose file name contains TEXT (repeatable)")
     parser.add_argument("--no-templates", action="store_true", help="skip the check of the templates")
