@@ -116,17 +116,9 @@ class Agent:
         if self.proc.poll() is None:
             self.proc.kill()  # first, so it cannot restart the workers we kill next
         self.proc.wait()
-        for pid in doomed:
-            _kill_group(pid)
-            _kill_pid(pid)
+        _kill_pids_and_groups(doomed)
         if _HAS_PROC and self.marker:
-            for _ in range(50):
-                pids = _marked_pids(self.marker, AGENT_MARKER)
-                if not pids:
-                    break
-                for pid in pids:
-                    _kill_pid(pid)
-                time.sleep(0.02)
+            _kill_marked(self.marker, AGENT_MARKER)
 
     def tail(self, chars: int = 3000) -> str:
         text = self.output
@@ -200,17 +192,14 @@ class Torchrun:
     def kill(self) -> None:
         """SIGKILL every process of the job (agents, workers, their children) and reap the agents."""
         if not _HAS_PROC:
-            self._kill_descendants_by_ps()
+            _kill_pids_and_groups(_descendants({a.proc.pid for a in self.agents if a.proc.poll() is None}))
         for agent in self.agents:
             if agent.proc.poll() is None:
                 agent.killed = True
                 _kill_group(agent.proc.pid)
                 agent.proc.kill()
         if _HAS_PROC:
-            for _ in range(50):  # a process may fork while we scan: scan until none is left
-                if not self._kill_marked():
-                    break
-                time.sleep(0.02)
+            _kill_marked(self.job_id)
         for agent in self.agents:
             agent.proc.wait()
         if self._watchdog is not None and self._watchdog.poll() is None:
@@ -223,23 +212,6 @@ class Torchrun:
             return _marked_pids(self.job_id)
         return [a.proc.pid for a in self.agents if a.proc.poll() is None]
 
-    def _kill_marked(self) -> int:
-        pids = _marked_pids(self.job_id)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        return len(pids)
-
-    def _kill_descendants_by_ps(self) -> None:
-        roots = {a.proc.pid for a in self.agents if a.proc.poll() is None}
-        for pid in _descendants(roots):
-            _kill_group(pid)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def _kill_group(pid: int) -> None:
@@ -255,6 +227,25 @@ def _kill_pid(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def _kill_pids_and_groups(pids) -> None:
+    """SIGKILL each process and the process group it leads."""
+    for pid in pids:
+        _kill_group(pid)
+        _kill_pid(pid)
+
+
+def _kill_marked(value: str, variable: str = MARKER, pause_s: float = 0.02) -> None:
+    """SIGKILL every live process whose environment holds variable=value. A process may fork
+    while we scan, so scan again (up to 50 times, `pause_s` apart) until none is left."""
+    for _ in range(50):
+        pids = _marked_pids(value, variable)
+        if not pids:
+            return
+        for pid in pids:
+            _kill_pid(pid)
+        time.sleep(pause_s)
 
 
 def _marked_pids(job_id: str, variable: str = MARKER) -> list[int]:
@@ -308,13 +299,4 @@ def _start_watchdog(job_id: str, deadline_epoch: float) -> subprocess.Popen:
 def _watch(parent: int, job_id: str, kill_at: float) -> None:
     while time.time() < kill_at and os.getppid() == parent:  # reparented: our parent is gone
         time.sleep(0.5)
-    for _ in range(50):
-        pids = _marked_pids(job_id)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
+    _kill_marked(job_id, pause_s=0.05)
