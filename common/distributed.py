@@ -112,9 +112,10 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None,
     return DistInfo(rank, world_size, local_rank, device, backend)
 
 
-def current_device() -> torch.device:
-    """This rank's device once the group is up: its GPU under NCCL, else the CPU."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
+def current_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """This rank's device for collectives on `group` (default: the world) once it is up:
+    its GPU under NCCL, else the CPU."""
+    if dist.is_initialized() and dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 

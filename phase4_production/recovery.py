@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
+from common.distributed import current_device
 from phase4_production.checkpoint import (CheckpointManager, load_verified, restore_training_state,
                                                     training_state, unwrap)
 
@@ -129,11 +130,7 @@ class PreemptionHandler:
         raise NotImplementedError("TODO 4.2: every rank's flag, reduced with MAX over the group (one-element tensor on the device the group communicates on)")
 
     def _collective_device(self) -> torch.device:
-        if self.device is not None:
-            return self.device
-        if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
+        return self.device if self.device is not None else current_device()
 
 
 # ---------------------------------------------------------------- fault injection (a tool, not an exercise)

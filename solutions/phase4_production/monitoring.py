@@ -41,6 +41,8 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from common.distributed import current_device
+
 PHASES = ("data", "forward", "backward", "comm", "optimizer")
 """The phases a step is split into; `StepTimer.stop` adds "other" (the rest) and "step"."""
 
@@ -244,10 +246,7 @@ class StragglerDetector:
         self.fields = (*phases, "other", "step", "samples")
         self.group = group
         self.world_size = dist.get_world_size(group)
-        if device is None:
-            on_nccl = dist.get_backend(group) == "nccl"
-            device = torch.device("cuda", torch.cuda.current_device()) if on_nccl else torch.device("cpu")
-        self.device = device
+        self.device = device if device is not None else current_device(group)
         self.hosts: list[str] = [""] * self.world_size
         dist.all_gather_object(self.hosts, socket.gethostname(), group=group)
         self._sums = torch.zeros(len(self.fields), dtype=torch.float64)
