@@ -86,39 +86,32 @@ def test_allreduce_benchmark_compares_learner_reference_and_torch():
     assert re.search(r"reference/gather_sum: [\d.]+x dist.all_reduce", out), out
 
 
-@pytest.mark.parametrize("command", [
-    ["benchmarks/activation_memory.py", "--blocks", "8", "--width", "32", "--batch", "4", "--segments", "1", "2", "4",
-     "--iters", "1", "--repeats", "1"],
-    ["benchmarks/zero_memory.py", "--worlds", "2", "--width", "32", "--layers", "2"],
-    ["benchmarks/pipeline_bubble.py", "--nproc", "2", "--microbatches", "1,2", "--width", "16", "--repeats", "1"],
-    ["benchmarks/loss_scaling.py", "--depth", "6", "--width", "32", "--batch", "64", "--scales", "0", "16",
-     "--threads", "1"],
-], ids=["activation_memory", "zero_memory", "pipeline_bubble", "loss_scaling"])
-def test_phase2_benchmarks_run(command):
-    proc = _run([sys.executable, *command], timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip(), "a benchmark must print its table"
+# Every benchmark and demo at a tiny size: it runs and prints its table.
+BENCHMARK_SMOKE_COMMANDS = {
+    # phase 2
+    "activation_memory": ["benchmarks/activation_memory.py", "--blocks", "8", "--width", "32", "--batch", "4",
+                          "--segments", "1", "2", "4", "--iters", "1", "--repeats", "1"],
+    "zero_memory": ["benchmarks/zero_memory.py", "--worlds", "2", "--width", "32", "--layers", "2"],
+    "pipeline_bubble": ["benchmarks/pipeline_bubble.py", "--nproc", "2", "--microbatches", "1,2", "--width", "16",
+                        "--repeats", "1"],
+    "loss_scaling": ["benchmarks/loss_scaling.py", "--depth", "6", "--width", "32", "--batch", "64", "--scales", "0",
+                     "16", "--threads", "1"],
+    # phase 3
+    "ring_bench": ["benchmarks/ring_bench.py", "--nproc", "1", "2", "--max-kib", "4", "--iters", "2", "--repeats", "1"],
+    "ddp_bench": ["benchmarks/ddp_bench.py", "--model", "mlp", "--batch", "8", "--caps", "0.25", "1", "--rounds", "1"],
+    "ps_bench": ["benchmarks/ps_bench.py", "--workers", "1", "--servers", "1", "--width", "16", "--steps", "2",
+                 "--epochs", "1", "--batch", "256", "--slow-ms", "0", "--bounds"],
+    "hierarchical_demo": ["-m", "solutions.phase3_multi_node.hierarchical", "--nodes", "2", "--ranks-per-node", "2",
+                          "--numel", "64"],
+    # phase 4
+    "checkpoint_bench": ["benchmarks/checkpoint_bench.py", "--model", "tiny", "--rounds", "1"],
+    "compression_bench": ["benchmarks/compression_bench.py", "--width", "64", "--steps", "1", "--rounds", "1",
+                          "--ratios", "0.1", "--ranks", "1"],
+}
 
 
-@pytest.mark.parametrize("command", [
-    ["benchmarks/ring_bench.py", "--nproc", "1", "2", "--max-kib", "4", "--iters", "2", "--repeats", "1"],
-    ["benchmarks/ddp_bench.py", "--model", "mlp", "--batch", "8", "--caps", "0.25", "1", "--rounds", "1"],
-    ["benchmarks/ps_bench.py", "--workers", "1", "--servers", "1", "--width", "16", "--steps", "2", "--epochs", "1",
-     "--batch", "256", "--slow-ms", "0", "--bounds"],
-    ["-m", "solutions.phase3_multi_node.hierarchical", "--nodes", "2", "--ranks-per-node", "2", "--numel", "64"],
-], ids=["ring_bench", "ddp_bench", "ps_bench", "hierarchical_demo"])
-def test_phase3_benchmarks_run(command):
-    proc = _run([sys.executable, *command], timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip(), "a benchmark must print its table"
-
-
-@pytest.mark.parametrize("command", [
-    ["benchmarks/checkpoint_bench.py", "--model", "tiny", "--rounds", "1"],
-    ["benchmarks/compression_bench.py", "--width", "64", "--steps", "1", "--rounds", "1", "--ratios", "0.1",
-     "--ranks", "1"],
-], ids=["checkpoint_bench", "compression_bench"])
-def test_phase4_benchmarks_run(command):
-    proc = _run([sys.executable, *command], timeout=240)
+@pytest.mark.parametrize("name", list(BENCHMARK_SMOKE_COMMANDS))
+def test_benchmarks_run(name):
+    proc = _run([sys.executable, *BENCHMARK_SMOKE_COMMANDS[name]], timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip(), "a benchmark must print its table"

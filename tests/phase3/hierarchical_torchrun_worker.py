@@ -11,9 +11,7 @@ there and exits non-zero, so its agent stops the job at once.
 from __future__ import annotations
 
 import os
-import pickle
 import sys
-import traceback
 from pathlib import Path
 
 _TESTS = Path(__file__).resolve().parent.parent
@@ -24,6 +22,7 @@ import torch.distributed as dist  # noqa: E402
 
 import grading  # noqa: E402
 from common.distributed import init_distributed  # noqa: E402
+from torchrun_worker import report_and_exit  # noqa: E402
 
 CASES = [(torch.float32, (1001,)), (torch.int64, (3, 5)), (torch.float64, (1,))]
 
@@ -52,21 +51,7 @@ def main() -> None:
     ref = grading.ModuleRef("3.3", os.environ["COURSE_GRADE_KIND"], os.environ["COURSE_GRADE_LOCATION"])
     result_dir = Path(os.environ["COURSE_RESULT_DIR"])
     init_distributed(timeout_s=float(os.environ.get("COURSE_PG_TIMEOUT_S", "60")))
-    rank = dist.get_rank()
-    try:
-        result = run(ref)
-        code = 0
-    except Exception as exc:  # noqa: BLE001 - reported by the test
-        result = {"error": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
-        code = 1
-    tmp = result_dir / f"rank{rank}.tmp"
-    tmp.write_bytes(pickle.dumps(result))
-    os.replace(tmp, result_dir / f"rank{rank}.pkl")
-    if code == 0:
-        dist.barrier()  # nobody tears the group down while a peer still works
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(code)  # a failing rank leaves at once: its agent then stops the job
+    report_and_exit(lambda: run(ref), result_dir / f"rank{dist.get_rank()}.pkl")
 
 
 if __name__ == "__main__":

@@ -16,9 +16,7 @@ reference: the same model, data and loop, with no fault.
 from __future__ import annotations
 
 import os
-import pickle
 import sys
-import traceback
 from pathlib import Path
 
 _TESTS = Path(__file__).resolve().parent.parent
@@ -86,29 +84,20 @@ def train(mod, folder: str, total_steps: int, every: int, injector=None, log: Pa
 
 def main() -> None:
     from common.distributed import init_distributed
+    from torchrun_worker import report_and_exit
 
     ref = grading.ModuleRef("4.2", os.environ["COURSE_GRADE_KIND"], os.environ["COURSE_GRADE_LOCATION"])
     result_dir = Path(os.environ["COURSE_RESULT_DIR"])
     init_distributed(timeout_s=float(os.environ.get("COURSE_PG_TIMEOUT_S", "60")))
     rank, restart = dist.get_rank(), os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    try:
+
+    def work() -> dict:
         mod = ref.load()
-        result = train(mod, os.environ["COURSE_RECOVERY_FOLDER"], int(os.environ["COURSE_RECOVERY_STEPS"]),
-                       int(os.environ["COURSE_RECOVERY_EVERY"]), mod.FaultInjector.from_env(),
-                       log=result_dir / f"rank{rank}.steps")
-        code = 0
-    except Exception as exc:  # noqa: BLE001 - reported by the test
-        result = {"error": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
-        code = 1
-    tmp = result_dir / f"rank{rank}.attempt{restart}.tmp"
-    tmp.write_bytes(pickle.dumps(result))
-    os.replace(tmp, result_dir / f"rank{rank}.attempt{restart}.pkl")
-    if code == 0:
-        dist.barrier()  # nobody tears the group down while a peer still works
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # a failing rank leaves at once: its agent then stops the job
+        return train(mod, os.environ["COURSE_RECOVERY_FOLDER"], int(os.environ["COURSE_RECOVERY_STEPS"]),
+                     int(os.environ["COURSE_RECOVERY_EVERY"]), mod.FaultInjector.from_env(),
+                     log=result_dir / f"rank{rank}.steps")
+
+    report_and_exit(work, result_dir / f"rank{rank}.attempt{restart}.pkl")
 
 
 if __name__ == "__main__":

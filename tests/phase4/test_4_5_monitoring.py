@@ -174,6 +174,22 @@ def _breakdown_problems(times: dict, expected: dict, what: str, tol: float) -> l
     return problems
 
 
+def _timed_cpu_step(timer, model, opt) -> dict:
+    """One real training step of `model` on a random batch of 8, timed phase by phase;
+    returns timer.stop()'s breakdown."""
+    timer.start()
+    with timer.phase("data"):
+        x = torch.randn(8, 16)
+    with timer.phase("forward"):
+        loss = model(x).square().mean()
+    with timer.phase("backward"):
+        loss.backward()
+    with timer.phase("optimizer"):
+        opt.step()
+        opt.zero_grad()
+    return timer.stop(samples=8)
+
+
 def test_4_5_breakdown_sums_to_the_step(grade, monkeypatch):
     mod = grade("4.5").load()
     problems = []
@@ -181,17 +197,7 @@ def test_4_5_breakdown_sums_to_the_step(grade, monkeypatch):
     model, timer = torch.nn.Linear(16, 4), mod.StepTimer("cpu")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(2):
-        timer.start()
-        with timer.phase("data"):
-            x = torch.randn(8, 16)
-        with timer.phase("forward"):
-            loss = model(x).square().mean()
-        with timer.phase("backward"):
-            loss.backward()
-        with timer.phase("optimizer"):
-            opt.step()
-            opt.zero_grad()
-        times = timer.stop(samples=8)
+        times = _timed_cpu_step(timer, model, opt)
         total = sum(times[key] for key in (*PHASE_NAMES, "other"))
         if not math.isclose(total, times["step"], rel_tol=1e-9, abs_tol=1e-12):
             problems.append(f"real CPU step {step}: parts sum to {total:.9f} s, the step took {times['step']:.9f} s")
@@ -438,17 +444,7 @@ def test_4_5_profiler_trace_holds_the_scheduled_steps(grade, tmp_path):
     folder = tmp_path / "traces"
     with mod.training_profiler(folder, rank=1, wait=1, warmup=1, active=2, repeat=1) as prof:
         for _ in range(6):
-            timer.start()
-            with timer.phase("data"):
-                x = torch.randn(8, 16)
-            with timer.phase("forward"):
-                loss = model(x).square().mean()
-            with timer.phase("backward"):
-                loss.backward()
-            with timer.phase("optimizer"):
-                opt.step()
-                opt.zero_grad()
-            timer.stop(samples=8)
+            _timed_cpu_step(timer, model, opt)
             prof.step()
     files = sorted(glob.glob(str(folder / "**" / "*.json*"), recursive=True))
     assert len(files) == 1, (f"after 6 steps with wait=1, warmup=1, active=2, repeat=1 the profiler should have "
