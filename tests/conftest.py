@@ -3,10 +3,13 @@
     pytest                                   grade the reference solutions (the project's tests)
     pytest --impl learner tests/test_phase1.py   grade your templates (= python tests/test_phase1.py)
     pytest --override 1.2=path/to/file.py    grade one exercise with another file (negative controls)
+    pytest --controls controls.json          run each control's CAUGHT_BY tests against it, all
+                                             controls in this one session (tools/check_grading.py)
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -17,6 +20,7 @@ import pytest
 collect_ignore_glob = ["phase[0-9]*"]
 pytest.register_assert_rewrite("phase1", "phase2", "phase3", "phase4")
 
+import common.launch
 import grading
 from common.launch import WorldTimeout
 
@@ -25,9 +29,11 @@ from common.launch import WorldTimeout
 os.environ.setdefault("COURSE_BACKEND", "gloo")
 
 _outcomes: dict[str, str] = {}
-# test function -> the run of it whose world deadlocked: its other parametrizations
+_durations: dict[str, float] = {}  # test nodeid -> seconds of setup + call + teardown
+_control_of: dict[str, str] = {}  # test nodeid -> the negative control it ran against (--controls)
+# (test function, control) -> the run of it whose world deadlocked: its other parametrizations
 # (e.g. larger world sizes) would only wait out the same deadline again.
-_deadlocked: dict[str, str] = {}
+_deadlocked: dict[tuple[str, str | None], str] = {}
 
 
 def pytest_addoption(parser):
@@ -38,6 +44,9 @@ def pytest_addoption(parser):
                     help="checkout whose phase folders are graded with --impl learner")
     group.addoption("--override", action="append", default=[], metavar="EX=FILE",
                     help="grade exercise EX with FILE instead (e.g. 1.2=tests/negative_controls/...)")
+    group.addoption("--controls", metavar="JSON",
+                    help="a list of negative controls ({name, exercise, path, caught_by, world_timeout}): "
+                         "each test of a control's caught_by runs once against it, nothing else runs")
     group.addoption("--grade-json", metavar="PATH", help="also write the exercise table as JSON")
 
 
@@ -51,6 +60,39 @@ def _overrides(config) -> dict[str, str]:
     return result
 
 
+def _controls(config) -> list[dict]:
+    path = config.getoption("--controls")
+    if not path:
+        return []
+    controls = json.loads(Path(path).read_text())
+    for control in controls:
+        if control["exercise"] not in grading.EXERCISES or not Path(control["path"]).is_file():
+            raise pytest.UsageError(f"--controls: {control} names an unknown exercise or a missing file")
+    return controls
+
+
+def pytest_generate_tests(metafunc):
+    """With --controls, a test runs once per control that names it in its caught_by."""
+    controls = _controls(metafunc.config)
+    if controls and "grade" in metafunc.fixturenames:
+        chosen = [c for c in controls if metafunc.function.__name__ in c["caught_by"]]
+        if chosen:
+            metafunc.parametrize("grade", chosen, indirect=True, ids=[c["name"] for c in chosen])
+
+
+def pytest_collection_modifyitems(config, items):
+    if not _controls(config):
+        return
+    keep = [item for item in items if _control(item) is not None]
+    config.hook.pytest_deselected(items=[item for item in items if _control(item) is None])
+    items[:] = keep
+
+
+def _control(item) -> dict | None:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("grade") if callspec else None
+
+
 def _graded_description(config) -> str:
     if config.getoption("--impl") == "learner":
         root = Path(config.getoption("--learner-root")).resolve()
@@ -59,6 +101,8 @@ def _graded_description(config) -> str:
         text = f"grading the REFERENCE SOLUTIONS in {grading.REPO_ROOT / 'solutions'} (your own code: python tests/test_phaseN.py)"
     for ex, path in _overrides(config).items():
         text += f"; exercise {ex} from {path}"
+    if config.getoption("--controls"):
+        text += f"; each test against the negative controls that name it in {config.getoption('--controls')}"
     return text
 
 
@@ -79,6 +123,9 @@ def grade(request):
     """grade("1.2") -> ModuleRef of the code to grade for exercise 1.2."""
     config = request.config
     overrides = _overrides(config)
+    control = getattr(request, "param", None)  # --controls: this run's negative control
+    if control:
+        overrides[control["exercise"]] = str(Path(control["path"]).resolve())
 
     def ref(exercise: str) -> grading.ModuleRef:
         if exercise in overrides:
@@ -90,10 +137,27 @@ def grade(request):
     return ref
 
 
+def _deadlock_key(item) -> tuple[str, str | None]:
+    control = _control(item)
+    return item.originalname, control["name"] if control else None
+
+
 def pytest_runtest_setup(item):
-    first = _deadlocked.get(item.originalname)
+    first = _deadlocked.get(_deadlock_key(item))
     if first:
         pytest.fail(f"not run: {first} deadlocked (see that test); fix it first", pytrace=False)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """A control whose bug deadlocks may say how long its tests' worlds need at most."""
+    control, default = _control(item), common.launch.DEFAULT_TIMEOUT_S
+    if control and control.get("world_timeout"):
+        common.launch.DEFAULT_TIMEOUT_S = float(control["world_timeout"])
+    try:
+        yield
+    finally:
+        common.launch.DEFAULT_TIMEOUT_S = default
 
 
 def _deadlocked_world(exc: BaseException | None) -> bool:
@@ -108,8 +172,11 @@ def _deadlocked_world(exc: BaseException | None) -> bool:
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
+    _durations[item.nodeid] = _durations.get(item.nodeid, 0.0) + report.duration
+    if _control(item):
+        _control_of[item.nodeid] = _control(item)["name"]
     if report.when == "call" and call.excinfo and _deadlocked_world(call.excinfo.value):
-        _deadlocked.setdefault(item.originalname, item.nodeid.rsplit("::", 1)[-1])
+        _deadlocked.setdefault(_deadlock_key(item), item.nodeid.rsplit("::", 1)[-1])
     if report.when == "call" or (report.when == "setup" and report.failed):
         todo = grading.todo_of(call.excinfo.value) if call.excinfo else None
         if todo:
@@ -135,4 +202,5 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_line(grading.format_table(rows))
     path = config.getoption("--grade-json")
     if path:
-        grading.write_json(Path(path), rows, _outcomes, config._course_graded)
+        grading.write_json(Path(path), rows, _outcomes, config._course_graded,
+                           durations=_durations, controls=_control_of)

@@ -262,8 +262,12 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: Path, rows: list[dict], outcomes: dict[str, str], graded: str) -> None:
-    report = {"graded": graded, "exercises": rows, "tests": outcomes}
+def write_json(path: Path, rows: list[dict], outcomes: dict[str, str], graded: str, *,
+               durations: dict[str, float] | None = None, controls: dict[str, str] | None = None) -> None:
+    """The report: exercise rows, {nodeid: outcome}, {nodeid: seconds}, and with --controls
+    {nodeid: the negative control the test ran against}."""
+    report = {"graded": graded, "exercises": rows, "tests": outcomes,
+              "durations": durations or {}, "controls": controls or {}}
     Path(path).write_text(json.dumps(report, indent=2) + "\n")
 
 

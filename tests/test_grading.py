@@ -253,13 +253,73 @@ def test_the_report_tells_a_harness_death_from_a_failure_and_short_circuits_a_de
 def test_a_control_rejected_only_by_a_harness_error_is_not_rejected(monkeypatch, capsys):
     control = {"path": Path("wrong_average.py"), "EXERCISE": "1.2", "doc": "averages twice",
                "CAUGHT_BY": ["test_1_2_a", "test_1_2_b"]}
-    outcomes = {"tests/test_phase1.py::test_1_2_a[2]": "error", "tests/test_phase1.py::test_1_2_a[3]": "error",
-                "tests/test_phase1.py::test_1_2_b": "fail"}
-    monkeypatch.setattr(check_grading, "run_pytest", lambda test_file, extra, env=None: outcomes)
-    problem = check_grading.check_control(ROOT / "tests" / "test_phase1.py", control)
+    other = {"path": Path("other.py"), "EXERCISE": "1.2", "doc": "another bug", "CAUGHT_BY": ["test_1_2_a"]}
+    report = {"tests": {"tests/test_phase1.py::test_1_2_a[wrong_average-2]": "error",
+                        "tests/test_phase1.py::test_1_2_a[wrong_average-3]": "error",
+                        "tests/test_phase1.py::test_1_2_b[wrong_average]": "fail",
+                        "tests/test_phase1.py::test_1_2_a[other-2]": "fail",
+                        "tests/test_phase1.py::test_1_2_a[other-3]": "pass"},
+              "durations": {}}
+    report["controls"] = {k: "other" if "other" in k else "wrong_average" for k in report["tests"]}
+    monkeypatch.setattr(check_grading, "run_pytest", lambda test_file, extra, timeout=900: report)
+    problems = check_grading.check_controls(ROOT / "tests" / "test_phase1.py", [control, other])
     out = capsys.readouterr().out
-    assert problem and "test_1_2_a" in problem and "harness" in problem and "test_1_2_b" not in problem, problem
+    assert len(problems) == 1, problems
+    assert "test_1_2_a" in problems[0] and "harness" in problems[0] and "test_1_2_b" not in problems[0], problems
     assert "ACCEPTED" in out and "harness error, not an assertion, in test_1_2_a" in out, out
+    assert "REJECTED 1.2 other" in out, out
+
+
+_FAKE_CONTROL_TESTS = '''
+import pytest
+import common.launch
+from common.launch import WorldTimeout
+
+def test_1_1_names(grade):
+    assert "bad" not in grade("1.1").path().name
+
+def test_1_1_other(grade):
+    assert grade("1.2").path().name == "allreduce.py", "only 1.1 is replaced"
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_1_1_deadlocks(world_size, grade):
+    if "slow" in grade("1.1").path().name:
+        raise WorldTimeout("world of 2 ranks did not finish", {}, "")
+
+def test_1_1_deadline(grade):
+    assert common.launch.DEFAULT_TIMEOUT_S == 7
+
+def test_1_1_never_named(grade):
+    assert False
+'''
+
+
+def test_controls_run_each_named_test_once_per_control(tmp_path):
+    """`pytest --controls`: one session, each test against each control naming it, and a
+    deadlock of one control does not cut short another's tests."""
+    (tmp_path / "test_fake.py").write_text(_FAKE_CONTROL_TESTS)
+    for name in ("bad_slow", "good"):
+        (tmp_path / f"{name}.py").write_text("")
+    spec = [{"name": "bad_slow", "exercise": "1.1", "path": str(tmp_path / "bad_slow.py"), "world_timeout": 7,
+             "caught_by": ["test_1_1_names", "test_1_1_other", "test_1_1_deadlocks", "test_1_1_deadline"]},
+            {"name": "good", "exercise": "1.1", "path": str(tmp_path / "good.py"),
+             "caught_by": ["test_1_1_names", "test_1_1_deadlocks", "test_1_1_deadline"]}]
+    (tmp_path / "controls.json").write_text(json.dumps(spec))
+    report = tmp_path / "grades.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", str(tmp_path / "test_fake.py"), "-q",
+                           "-p", "no:cacheprovider", "--rootdir", str(tmp_path), f"--grade-json={report}",
+                           f"--controls={tmp_path / 'controls.json'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    got = json.loads(report.read_text())
+    outcomes = {k.split("::")[-1]: v for k, v in got["tests"].items()}
+    assert outcomes == {"test_1_1_names[bad_slow]": "fail", "test_1_1_names[good]": "pass",
+                        "test_1_1_other[bad_slow]": "pass",
+                        "test_1_1_deadlocks[bad_slow-2]": "fail", "test_1_1_deadlocks[bad_slow-3]": "fail",
+                        "test_1_1_deadlocks[good-2]": "pass", "test_1_1_deadlocks[good-3]": "pass",
+                        "test_1_1_deadline[bad_slow]": "pass", "test_1_1_deadline[good]": "fail"}, proc.stdout[-3000:]
+    assert {k.split("::")[-1]: v for k, v in got["controls"].items()}["test_1_1_names[good]"] == "good"
+    assert "not run: test_1_1_deadlocks[bad_slow-2] deadlocked" in proc.stdout, proc.stdout[-3000:]
 
 
 def test_templates_that_import_another_phase_are_graded_with_its_reference():

@@ -8,7 +8,9 @@
    harness error (outcome "error": a rank died without reporting, or the world could
    not even start before its deadline). A control whose bug deadlocks may set
    WORLD_TIMEOUT = <seconds> (the most its tests' worlds need), so that the deliberate
-   deadlock is ended sooner than the default 60 s.
+   deadlock is ended sooner than the default 60 s. The controls of one exercise share
+   one pytest session (`pytest --controls`), each test running once per control that
+   names it.
 
     python tools/check_grading.py              # all phases
     python tools/check_grading.py --phase 1    # one phase
@@ -24,7 +26,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -48,21 +49,20 @@ def read_control(path: Path) -> dict:
     return found
 
 
-def run_pytest(test_file: Path, extra: list[str], env: dict[str, str] | None = None) -> dict[str, str]:
-    """Run one pytest session in a subprocess; return {test nodeid: pass|fail|error|todo}."""
+def run_pytest(test_file: Path, extra: list[str], timeout: float = 900) -> dict:
+    """Run one pytest session in a subprocess; return its --grade-json report."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "grades.json"
         cmd = [sys.executable, "-m", "pytest", str(test_file), "-q", "--tb=no", "-p", "no:cacheprovider",
                f"--grade-json={report}", *extra]
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
-                              env=dict(os.environ, **(env or {})))
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
         if not report.exists():
             raise SystemExit(f"pytest wrote no report for {' '.join(cmd)}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-        return json.loads(report.read_text())["tests"]
+        return json.loads(report.read_text())
 
 
 def check_templates(test_file: Path) -> list[str]:
-    outcomes = run_pytest(test_file, ["--impl", "learner"])
+    outcomes = run_pytest(test_file, ["--impl", "learner"])["tests"]
     graded = {k: v for k, v in outcomes.items() if grading.exercise_of_test(k.split("::")[-1])}
     if not graded:
         return [f"{test_file.name}: no graded test ran"]
@@ -71,17 +71,24 @@ def check_templates(test_file: Path) -> list[str]:
     return bad
 
 
-def check_control(test_file: Path, control: dict) -> str | None:
-    names = control["CAUGHT_BY"]
-    started = time.monotonic()
-    # A control whose bug deadlocks a world may say how long a world of its tests needs at most
-    # (WORLD_TIMEOUT, seconds), so that its deliberate deadlock is not waited out for 60 s.
-    env = {"COURSE_WORLD_TIMEOUT": str(control["WORLD_TIMEOUT"])} if "WORLD_TIMEOUT" in control else None
-    outcomes = run_pytest(test_file, ["--override", f"{control['EXERCISE']}={control['path']}", "-k", " or ".join(names)],
-                          env=env)
+def check_controls(test_file: Path, controls: list[dict]) -> list[str]:
+    """Run every control of one exercise in one pytest session (one `import torch`, one
+    forkserver), each test of its CAUGHT_BY against it; return the problems found."""
+    spec = [{"name": c["path"].stem, "exercise": c["EXERCISE"], "path": str(c["path"]),
+             "caught_by": c["CAUGHT_BY"], "world_timeout": c.get("WORLD_TIMEOUT")} for c in controls]
+    with tempfile.TemporaryDirectory() as tmp:
+        listing = Path(tmp) / "controls.json"
+        listing.write_text(json.dumps(spec))
+        report = run_pytest(test_file, [f"--controls={listing}"], timeout=600 + 180 * len(controls))
+    return [problem for control in controls if (problem := _verdict(control, report))]
+
+
+def _verdict(control: dict, report: dict) -> str | None:
+    """Print whether this control was rejected; return the problem if it was not."""
+    mine = {k: v for k, v in report["tests"].items() if report["controls"].get(k) == control["path"].stem}
     problems, deaths = [], []
-    for name in names:
-        results = [v for k, v in outcomes.items() if k.split("::")[-1].split("[")[0] == name]
+    for name in control["CAUGHT_BY"]:
+        results = [v for k, v in mine.items() if k.split("::")[-1].split("[")[0] == name]
         if "error" in results:
             deaths.append(name)
         if not results:
@@ -92,7 +99,7 @@ def check_control(test_file: Path, control: dict) -> str | None:
         elif "fail" not in results:
             problems.append(f"{name} did not reject it ({', '.join(sorted(set(results)))})")
     verdict = "REJECTED" if not problems else "ACCEPTED"
-    seconds = time.monotonic() - started
+    seconds = sum(report.get("durations", {}).get(k, 0.0) for k in mine)
     print(f"{verdict:9}{control['EXERCISE']} {control['path'].stem} ({seconds:.0f} s): {control['doc']}", flush=True)
     if deaths:
         print(f"{'':9}harness error, not an assertion, in {', '.join(deaths)}: that does not count as rejecting")
@@ -119,12 +126,18 @@ def main(argv: list[str] | None = None) -> int:
             templates.append(test_file)
         controls += [(test_file, read_control(p)) for p in sorted((CONTROLS / f"phase{phase}").glob("*.py"))
                      if not args.only or any(text in p.name for text in args.only)]
-    # One pool for every check of every phase, so no slot idles while a slow one ends a phase.
-    jobs = [(check_templates, (f,)) for f in templates] + [(check_control, job) for job in controls]
+    # One session per exercise's controls (a session's start, mostly `import torch`, costs
+    # more than many a control), the largest first; one pool for every check of every phase,
+    # so no slot idles while a slow one ends a phase.
+    groups: dict[tuple[Path, str], list[dict]] = {}
+    for test_file, control in controls:
+        groups.setdefault((test_file, control["EXERCISE"]), []).append(control)
+    jobs = [(check_controls, (test_file, group)) for (test_file, _), group in
+            sorted(groups.items(), key=lambda item: -len(item[1]))] + [(check_templates, (f,)) for f in templates]
     failures: list[str] = []
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for result in pool.map(lambda job: job[0](*job[1]), jobs):
-            failures += result if isinstance(result, list) else [result] if result else []
+            failures += result
     if failures:
         print("\nThe graded tests are NOT honest:\n  " + "\n  ".join(failures))
         return 1
