@@ -214,6 +214,26 @@ class Torchrun:
 
 
 
+def run_agent(torchrun_args: list[str], *, timeout: float, env: dict[str, str] | None = None,
+              cwd: str | Path | None = None) -> tuple[str, int | None]:
+    """One torchrun agent run to its end: (its output, its exit code). An agent that fails
+    is returned, not raised (callers look at what it printed); missing the deadline raises
+    TorchrunTimeout. Raises RuntimeError if any process of the job outlived it."""
+    job = Torchrun(timeout=timeout, env=env, cwd=cwd)
+    with job:
+        agent = job.start(torchrun_args)
+        try:
+            job.wait()
+        except TorchrunTimeout:
+            raise
+        except TorchrunError:
+            pass
+        left = job.processes()
+    if left:
+        raise RuntimeError(f"processes {left} of the torchrun job outlived it")
+    return agent.output, agent.returncode
+
+
 def _kill_group(pid: int) -> None:
     if hasattr(os, "killpg"):
         try:

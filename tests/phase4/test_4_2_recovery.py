@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 import grading
 from common.launch import run_world
-from common.torchrun import Torchrun, TorchrunError
+from common.torchrun import run_agent
 from compare import assert_no_problems
 from phase4 import recovery_torchrun_worker as worker
 
@@ -417,18 +417,8 @@ def _probe(mod, tmp_path) -> None:
 
 def _launch(job_env: dict, result_dir: Path) -> tuple[str, int | None]:
     """One torchrun agent; returns (its output, its exit code); no process of it left behind."""
-    job = Torchrun(timeout=_TORCHRUN_DEADLINE_S, env=job_env, cwd=grading.REPO_ROOT)
-    with job:
-        agent = job.start(["--standalone", "--nproc-per-node=2", f"--max-restarts={_MAX_RESTARTS}",
-                           str(Path(worker.__file__))])
-        try:
-            job.wait()
-        except TorchrunError as exc:
-            if "did not finish" in str(exc):
-                raise
-        left = job.processes()
-    assert not left, f"processes {left} of the torchrun job outlived it"
-    return agent.output, agent.returncode
+    return run_agent(["--standalone", "--nproc-per-node=2", f"--max-restarts={_MAX_RESTARTS}",
+                      str(Path(worker.__file__))], timeout=_TORCHRUN_DEADLINE_S, env=job_env, cwd=grading.REPO_ROOT)
 
 
 def _read(result_dir: Path) -> tuple[dict, dict]:

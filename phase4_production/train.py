@@ -1,0 +1,401 @@
+"""The phase-4 trainer: fault-tolerant data-parallel training of torchvision models.
+
+    python -m solutions.phase4_production.train                       # 2 CPU ranks, digits
+    torchrun --standalone --nproc-per-node=2 --max-restarts=3 -m solutions.phase4_production.train
+    torchrun ... -m solutions.phase4_production.train --config imagenet_resnet50_8gpu.toml
+
+One attempt on one rank (torchrun starts a fresh attempt after a failure):
+
+    config ─► data (ElasticSampler 4.3 ─► DataLoader) ─► model ─► DDP (+ 4.4 comm hook)
+    resume (4.2): newest checkpoint that verifies (4.1), the same step on every rank
+    for each step:   data │ forward │ backward (+ all-reduce) │ optimizer      StepTimer (4.5)
+      step boundary: ranks agree on SIGTERM ─► save, exit 0   PreemptionHandler (4.2)
+                     every N steps / epoch end ─► atomic checkpoint            (4.1)
+                     epoch end ─► evaluate (all ranks' counts summed)
+                     every K steps ─► metrics.jsonl, straggler report           (4.5)
+
+What makes a resumed run bit-identical to one never stopped (CPU, same world size): the
+checkpoint holds model, optimizer, LR schedule, loss scaler, data position and every
+rank's RNG; the data order depends on (seed, epoch) only; each sample's augmentation on
+(seed, epoch, index) only (train_data.SeededSamples). Gradient compression's error-feedback
+memory is not checkpointed: a compressed run resumes correctly but not bit-identically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import random
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from common.distributed import current_device
+from common.models import build_model
+from phase4_production.checkpoint import CheckpointManager, training_state, unwrap
+from phase4_production.compression import PowerSGDState, TopKState, powersgd_hook, topk_hook
+from phase4_production.config import TrainConfig, parse_config
+from phase4_production.elastic import ElasticSampler, plan_batches
+from phase4_production.monitoring import (MetricsWriter, StepTimer, StragglerDetector, memory_stats,
+                                                    training_profiler)
+from phase4_production.recovery import (Fault, FaultInjector, PreemptionHandler, current_attempt,
+                                                  resume)
+from phase4_production.train_data import RankBatches, build_datasets, eval_loader, train_loader
+
+# ---------------------------------------------------------------- building blocks
+
+
+def autocast_dtype(mode: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for --amp on this device (None: full precision). auto: bf16 on a
+    GPU that has it natively (Ampere or newer), fp16 on older GPUs, off on CPU."""
+    if mode == "off" or (mode == "auto" and device.type != "cuda"):
+        return None
+    if mode == "auto":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+    return torch.bfloat16 if mode == "bf16" else torch.float16
+
+
+def lr_schedule(steps_per_epoch: int, epochs: int, warmup_epochs: float):
+    """Multiplier of the peak lr at step s: linear warm-up from 1/10 over warmup_epochs,
+    then cosine decay to 0 at the last step (a function for LambdaLR)."""
+    total = steps_per_epoch * epochs
+    warmup = min(int(round(warmup_epochs * steps_per_epoch)), total - 1)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return 0.1 + 0.9 * step / warmup
+        progress = (step - warmup) / max(total - warmup, 1)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+    return factor
+
+
+def make_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+    """SGD (nesterov) or AdamW at lr x global_batch / reference_batch (the linear scaling
+    rule); no weight decay on biases and normalisation weights (1-D parameters)."""
+    decay = [p for p in model.parameters() if p.ndim > 1]
+    no_decay = [p for p in model.parameters() if p.ndim <= 1]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    lr = cfg.lr * cfg.global_batch / cfg.reference_batch
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=lr)
+    return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.momentum > 0)
+
+
+def fingerprint(model: nn.Module) -> str:
+    """sha256 over the state dict (names, dtypes, shapes, bytes, in name order): equal
+    fingerprints mean bit-identical weights and buffers."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(unwrap(model).state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def identity(cfg: TrainConfig) -> dict:
+    """What a checkpoint must match to be resumed by this config (else it is another run)."""
+    return {"model": cfg.model, "dataset": cfg.dataset, "image_size": cfg.image_size,
+            "global_batch": cfg.global_batch, "seed": cfg.seed}
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader, device: torch.device, dtype: torch.dtype | None) -> tuple[float, float]:
+    """(accuracy, mean loss) over the whole test set: every rank's sums all-reduced."""
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # correct, loss sum, count
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            logits = model(x)
+        sums[0] += (logits.argmax(1) == y).sum()
+        sums[1] += nn.functional.cross_entropy(logits.float(), y, reduction="sum")
+        sums[2] += len(y)
+    if dist.is_initialized():
+        dist.all_reduce(sums)
+    model.train()
+    return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
+
+
+# ---------------------------------------------------------------- one attempt on one rank
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Train (or resume, or find finished) the run in cfg.output_dir on this rank; returns
+    the summary (on every rank). Collective: every rank of the process group calls it."""
+    started = time.perf_counter()
+    attempt = current_attempt()
+    rank, world = attempt.rank, attempt.world_size
+    device = current_device()
+    out = Path(cfg.output_dir)
+    _seed_everything(cfg.seed * 1_000_003 + rank)
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True)
+
+    if cfg.fail_at_step is not None and cfg.fail_rank >= world:
+        raise ValueError(f"--fail-rank {cfg.fail_rank} is not a rank of this world of {world}")
+    train_set, test_set, shape, classes = build_datasets(cfg.dataset, cfg.data_root, cfg.image_size,
+                                                         cfg.synthetic_size)
+    plan = plan_batches(cfg.global_batch, world, cfg.micro_batch or cfg.global_batch)
+    sampler = ElasticSampler(len(train_set), cfg.global_batch, seed=cfg.seed)
+    pin = device.type == "cuda"
+    loader = train_loader(train_set, RankBatches(sampler, rank, world), cfg.seed, cfg.workers, pin)
+    tests = eval_loader(test_set, rank, world, max(plan.micro_batches), cfg.workers, pin)
+    total_steps = sampler.steps_per_epoch * cfg.epochs  # the schedule's length
+    end = min(total_steps, cfg.max_steps) if cfg.max_steps is not None else total_steps  # where this run stops
+
+    model = build_model(cfg.model, shape, classes, seed=cfg.seed).to(device)
+    channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and device.type == "cuda")
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = make_optimizer(cfg, model)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_schedule(sampler.steps_per_epoch, cfg.epochs, cfg.warmup_epochs))
+    dtype = autocast_dtype(cfg.amp, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    faults = FaultInjector.from_env()
+    if cfg.fail_at_step is not None:
+        faults = FaultInjector([*faults.faults, Fault(cfg.fail_rank, cfg.fail_at_step, "backward")])
+    _register_comm_hook(ddp, cfg, faults)
+    net = torch.compile(ddp) if cfg.compile else ddp
+
+    checkpoints = CheckpointManager(out / "checkpoints", keep=cfg.keep)
+    progress = _resume(checkpoints, cfg, ddp, optimizer, scheduler, scaler, device)
+    step = int(progress["step"]) if progress else 0
+    if progress:
+        sampler.load_state_dict(progress["data"])
+    history: list[dict] = list(progress.get("history", [])) if progress else []
+
+    board = out / "tensorboard" if cfg.tensorboard and importlib.util.find_spec("tensorboard") else None
+    metrics = MetricsWriter(out / "metrics.jsonl", rank, board) if rank == 0 else None
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+        print(f"rank 0 of {world} on {device}, attempt {attempt.restart}: "
+              f"{'resuming at step ' + str(step) if step else 'starting'} of {total_steps} "
+              f"({plan.per_rank} samples per rank per step, {plan.accumulation} accumulation pass(es)); "
+              f"checkpoints in {checkpoints.folder}", flush=True)
+    timer = StepTimer(device)
+    stragglers = StragglerDetector(every=cfg.straggler_every, threshold=cfg.straggler_threshold,
+                                   min_excess_s=0.005, device=device) if world > 1 else None
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+    bar = _progress_bar(cfg, rank, end, step)
+    profiler = training_profiler(out / "traces", rank, wait=5, warmup=2, active=cfg.profile_steps) \
+        if cfg.profile_steps else contextlib.nullcontext()
+    samples_trained, train_seconds, preempted = 0, 0.0, False
+
+    def save() -> None:
+        state = training_state(ddp, optimizer, scheduler, scaler,
+                               {"step": step, "data": sampler.state_dict(), "history": history,
+                                "identity": identity(cfg)})
+        with faults.saving():
+            checkpoints.save(step, state)
+
+    with PreemptionHandler(device=device) as preemption, profiler as prof:
+        while step < end:
+            batches = iter(loader)
+            while step < end:
+                faults.begin_step(step)
+                timer.start()
+                with timer.phase("data"):
+                    batch = next(batches, None)
+                if batch is None:
+                    break
+                loss = _train_step(net, ddp, batch, plan, loss_fn, optimizer, scaler, dtype, device,
+                                   channels_last, cfg.grad_clip, timer, faults)
+                scheduler.step()
+                sampler.advance()
+                step += 1
+                times = timer.stop(samples=plan.per_rank)
+                train_seconds += times["step"]
+                samples_trained += plan.per_rank
+                epoch_done = sampler.consumed == 0
+                if epoch_done:  # the plain module: DDP's forward would broadcast buffers, per batch
+                    accuracy, test_loss = evaluate(model, tests, device, dtype)
+                    history.append({"epoch": sampler.epoch - 1, "step": step, "accuracy": accuracy,
+                                    "test_loss": test_loss})
+                    _log_epoch(metrics, bar, history[-1])
+                report = stragglers.update(times) if stragglers else None
+                _log_step(metrics, bar, step, loss, scheduler, times, report, device, cfg.log_every)
+                if prof is not None:
+                    prof.step()
+                stop = preemption.should_stop()
+                if stop or epoch_done or step % cfg.checkpoint_every == 0 or step == end:
+                    save()
+                if stop:
+                    preempted = True
+                    if world > 1:
+                        dist.barrier()  # the checkpoint is complete before anyone says so
+                    break
+            if preempted:
+                break
+    if bar is not None:
+        bar.close()
+    if preempted:  # the grace period is ticking: leave now
+        accuracy = test_loss = None
+    elif not history or history[-1]["step"] != step:  # stopped mid-epoch (--max-steps)
+        accuracy, test_loss = evaluate(model, tests, device, dtype)
+    else:
+        accuracy, test_loss = history[-1]["accuracy"], history[-1]["test_loss"]
+    summary = {"step": step, "total_steps": total_steps, "preempted": preempted, "world_size": world,
+               "epochs_done": sampler.epoch, "accuracy": accuracy, "test_loss": test_loss,
+               "history": history, "seconds": time.perf_counter() - started,
+               "images_per_s": samples_trained * world / train_seconds if train_seconds else 0.0,
+               "fingerprint": fingerprint(ddp), "output_dir": str(out)}
+    if metrics is not None:
+        metrics.write(step, event="summary", **{k: v for k, v in summary.items() if k not in ("history", "step")})
+        metrics.close()
+    return summary
+
+
+def _register_comm_hook(ddp: DDP, cfg: TrainConfig, faults: FaultInjector) -> None:
+    """4.4's compression hook, or the fault injector's all-reduce point (one hook per DDP)."""
+    if cfg.compression == "powersgd":
+        ddp.register_comm_hook(PowerSGDState(matrix_approximation_rank=cfg.compression_rank), powersgd_hook)
+    elif cfg.compression == "topk":
+        ddp.register_comm_hook(TopKState(ratio=cfg.topk_ratio), topk_hook)
+    elif any(f.phase == "allreduce" for f in faults.faults):
+        ddp.register_comm_hook(None, faults.allreduce_hook)
+
+
+def _resume(checkpoints, cfg, ddp, optimizer, scheduler, scaler, device) -> dict | None:
+    """recovery.resume, with a one-line error when the checkpoints belong to another run."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            progress = resume(checkpoints, ddp, optimizer, scheduler, scaler, map_location=device)
+    except (RuntimeError, KeyError, ValueError) as exc:
+        if "state_dict" not in str(exc) and not isinstance(exc, KeyError):
+            raise
+        raise ValueError(f"the checkpoints in {checkpoints.folder} are not of this run "
+                         f"({str(exc).splitlines()[0]}): use another --output-dir, or delete them to start over") from None
+    if progress is not None and progress.get("identity") != identity(cfg):
+        raise ValueError(f"the checkpoints in {checkpoints.folder} were written by a run with "
+                         f"{progress.get('identity')}, this run has {identity(cfg)}: use another --output-dir, "
+                         "or delete them to start over")
+    return progress
+
+
+def _train_step(net, ddp: DDP, batch, plan, loss_fn, optimizer, scaler, dtype, device, channels_last: bool,
+                grad_clip: float, timer: StepTimer, faults: FaultInjector) -> float:
+    """One optimizer step over this rank's share, in plan.micro_batches passes (DDP's
+    all-reduce runs in the last backward only); returns this rank's mean loss."""
+    x, y = batch
+    x = x.to(device, non_blocking=True, memory_format=torch.channels_last if channels_last else torch.preserve_format)
+    y = y.to(device, non_blocking=True)
+    total = 0.0
+    slices = plan.micro_slices()
+    for i, (part, weight) in enumerate(slices):
+        sync = contextlib.nullcontext() if i == len(slices) - 1 else ddp.no_sync()
+        with sync:
+            with timer.phase("forward"):
+                faults.point("forward")
+                with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                    loss = loss_fn(net(x[part]), y[part])
+            with timer.phase("backward"):
+                faults.point("backward")
+                scaler.scale(loss * weight).backward()
+        total += loss.detach() * weight
+    with timer.phase("optimizer"):
+        if grad_clip > 0:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(ddp.parameters(), grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+    return float(total)
+
+
+# ---------------------------------------------------------------- what rank 0 shows
+
+
+def _progress_bar(cfg: TrainConfig, rank: int, total: int, done: int):
+    if rank != 0 or not cfg.progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=done, unit="step", dynamic_ncols=True, desc="train")
+
+
+def _log_step(metrics, bar, step, loss, scheduler, times, report, device, every) -> None:
+    if bar is not None:
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+    if metrics is None:
+        return
+    if report and report["stragglers"]:
+        slow = ", ".join(f"rank {s['rank']} on {s['host']} ({s['score']:.2f}x median, {s['phase']})"
+                         for s in report["stragglers"])
+        metrics.write(step, event="straggler", stragglers=report["stragglers"], scores=report["scores"])
+        (bar.write if bar is not None else print)(f"straggler at step {step}: {slow}")
+    if step % every == 0:
+        metrics.write(step, event="train", loss=loss, lr=scheduler.get_last_lr()[0],
+                      **{f"{k}_s": v for k, v in times.items() if k not in ("samples", "samples_per_s")},
+                      samples_per_s=times["samples_per_s"],
+                      global_samples_per_s=report["samples_per_s"] if report else None,
+                      **memory_stats(device))
+
+
+def _log_epoch(metrics, bar, record: dict) -> None:
+    if metrics is None:
+        return
+    metrics.write(record["step"], event="eval", **{k: v for k, v in record.items() if k != "step"})
+    line = f"epoch {record['epoch']}: test accuracy {record['accuracy']:.2%}, test loss {record['test_loss']:.3f}"
+    (bar.write if bar is not None else print)(line)
+
+
+# ---------------------------------------------------------------- command line
+
+
+def default_nproc() -> int:
+    """Ranks to start without torchrun: one per GPU, else 2 CPU ranks."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
+def main(argv: list[str] | None = None) -> None:
+    from common.launch import exit_on_user_error, run_or_join
+
+    cfg = parse_config(argv)
+    if cfg.fail_at_step is not None and "TORCHELASTIC_RUN_ID" not in os.environ:
+        print("error: --fail-at-step kills a rank on purpose; run under torchrun with --max-restarts=1 or more, "
+              "which restarts the group (see solutions/phase4_production/README.md)", file=sys.stderr)
+        raise SystemExit(2)
+    with exit_on_user_error():
+        summary = run_or_join(train, cfg.nproc or default_nproc(), args=(cfg,), timeout=cfg.timeout)
+    if summary is None:  # not rank 0 under torchrun
+        return
+    if summary["preempted"]:
+        print(f"preempted at step {summary['step']} of {summary['total_steps']}: checkpoint saved in "
+              f"{summary['output_dir']}/checkpoints; run the same command to resume")
+        print(f"weights at step {summary['step']} sha256: {summary['fingerprint']}")
+        return
+    if summary["step"] < summary["total_steps"]:
+        print(f"stopped at step {summary['step']} of {summary['total_steps']} (--max-steps {cfg.max_steps}); "
+              "run again without it to finish")
+    speed = f", {summary['images_per_s']:.0f} images/s" if summary["images_per_s"] else ", nothing left to train"
+    print(f"test accuracy {summary['accuracy']:.2%} after {summary['epochs_done']} epochs on "
+          f"{summary['world_size']} ranks ({summary['seconds']:.1f} s{speed})")
+    print(f"final weights sha256: {summary['fingerprint']}")
+
+
+if __name__ == "__main__":
+    main()

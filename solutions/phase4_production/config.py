@@ -1,0 +1,198 @@
+"""The trainer's configuration: one dataclass, a recipe file, command-line overrides.
+
+    defaults (TrainConfig)  <  --config recipe.toml  <  --flags on the command line
+
+Every field is a flag (`max_restarts` would be `--max-restarts`); `--help` lists them all
+with their defaults. A recipe is a TOML file whose keys are field names, e.g.
+recipes/cifar10_resnet18.toml. Values are checked here, before any process starts, so a
+typo is one line on stderr, not a traceback from every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from common.data import DATASET_SHAPES
+from common.models import MODEL_NAMES
+
+_HERE = Path(__file__).resolve().parent
+# The recipes ship once, with the reference; the learner's copy of this file finds them there.
+RECIPES = _HERE / "recipes" if (_HERE / "recipes").is_dir() else _HERE.parent / "solutions" / _HERE.name / "recipes"
+TRAINER_MODELS = tuple(m for m in MODEL_NAMES)
+AMP_MODES = ("auto", "bf16", "fp16", "off")
+OPTIMIZERS = ("sgd", "adamw")
+COMPRESSIONS = ("none", "powersgd", "topk")
+
+
+def _opt(default: Any, help: str, **argparse_kwargs: Any) -> Any:
+    return field(default=default, metadata={"help": help, **argparse_kwargs})
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run depends on. Sizes are samples; lr is for `reference_batch`."""
+
+    # data
+    dataset: str = _opt("digits", "dataset to train on", choices=sorted(DATASET_SHAPES))
+    data_root: str | None = _opt(None, "folder holding CIFAR-10 or ImageNet (see data/README.md)")
+    image_size: int | None = _opt(None, "ImageNet crop side in pixels (None: 224)")
+    synthetic_size: int = _opt(4096, "samples of the synthetic training set")
+    workers: int = _opt(0, "DataLoader worker processes per rank (0: load in the training process, right for in-memory digits)")
+    # model
+    model: str = _opt("resnet18", "torchvision model (CIFAR stem below 64 px)", choices=TRAINER_MODELS)
+    channels_last: str = _opt("auto", "channels_last memory format (auto: on GPU only)", choices=("auto", "on", "off"))
+    compile: bool = _opt(False, "torch.compile the model")
+    # optimisation
+    epochs: int = _opt(3, "epochs to train")
+    global_batch: int = _opt(64, "samples per optimizer step over all ranks (fixed at any world size)")
+    micro_batch: int | None = _opt(None, "most samples per forward pass on one rank; more: gradient accumulation")
+    optimizer: str = _opt("sgd", "sgd (momentum, nesterov) or adamw", choices=OPTIMIZERS)
+    lr: float = _opt(0.02, "peak learning rate for a global batch of --reference-batch")
+    reference_batch: int = _opt(64, "the global batch --lr was tuned for: lr scales by global_batch / this")
+    momentum: float = _opt(0.9, "SGD momentum (nesterov)")
+    weight_decay: float = _opt(5e-4, "weight decay (not on biases and norm layers)")
+    warmup_epochs: float = _opt(0.5, "linear warm-up from lr/10 to the peak, then cosine decay to 0")
+    label_smoothing: float = _opt(0.0, "label smoothing of the cross-entropy loss")
+    grad_clip: float = _opt(0.0, "clip the gradient norm to this (0: off)")
+    amp: str = _opt("auto", "mixed precision (auto: bf16 on GPUs that have it, else fp16 + GradScaler; off on CPU)",
+                    choices=AMP_MODES)
+    compression: str = _opt("none", "gradient compression as a DDP comm hook (4.4)", choices=COMPRESSIONS)
+    compression_rank: int = _opt(4, "PowerSGD rank")
+    topk_ratio: float = _opt(0.01, "top-k: fraction of gradient elements sent")
+    seed: int = _opt(0, "seed of the weights, the data order and the augmentation")
+    deterministic: bool = _opt(False, "deterministic kernels (torch.use_deterministic_algorithms)")
+    # fault tolerance
+    output_dir: str = _opt("runs/digits", "checkpoints, metrics and traces go here; a run resumes from it")
+    checkpoint_every: int = _opt(20, "save every N steps (and at every epoch end)")
+    keep: int = _opt(3, "checkpoints kept (the newest)")
+    fail_at_step: int | None = _opt(None, "chaos: on the first attempt one rank SIGKILLs itself at this step")
+    fail_rank: int = _opt(1, "the rank --fail-at-step kills")
+    # observability
+    log_every: int = _opt(10, "metrics line every N steps")
+    straggler_every: int = _opt(50, "gather per-rank step times every N steps and name slow ranks")
+    straggler_threshold: float = _opt(0.2, "a rank this much slower than the median is a straggler")
+    profile_steps: int = _opt(0, "record N steps with torch.profiler (after 5 skipped and 2 warm-up)")
+    tensorboard: bool = _opt(True, "also write TensorBoard scalars to OUTPUT_DIR/tensorboard when tensorboard is installed")
+    progress: bool = _opt(True, "progress bar on rank 0")
+    max_steps: int | None = _opt(None, "stop after this many steps in all (a shorter run of the same schedule)")
+    # launch (without torchrun)
+    nproc: int | None = _opt(None, "ranks to start on this machine without torchrun (default: GPUs, else 2)")
+    timeout: float = _opt(86400.0, "seconds before a run started without torchrun is declared hung")
+
+    def validate(self) -> "TrainConfig":
+        """Raise ValueError (one line) for values no run can use."""
+        positive = ("epochs", "global_batch", "reference_batch", "checkpoint_every", "keep", "log_every",
+                    "straggler_every", "synthetic_size", "compression_rank")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
+        for name in ("micro_batch", "nproc", "max_steps", "image_size"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
+        for name in ("workers", "warmup_epochs", "label_smoothing", "grad_clip", "weight_decay", "momentum",
+                     "profile_steps", "straggler_threshold", "fail_rank"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        if self.fail_at_step is not None and self.fail_at_step < 0:
+            raise ValueError(f"--fail-at-step must be >= 0, got {self.fail_at_step}")
+        if not self.lr > 0 or not 0 < self.topk_ratio <= 1 or self.timeout <= 0:
+            raise ValueError("--lr and --timeout must be > 0, --topk-ratio in (0, 1]")
+        if self.dataset in ("cifar10", "imagenet") and not self.data_root:
+            raise ValueError(f"--dataset {self.dataset} needs --data-root (see data/README.md for how to get it)")
+        return self
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _field_type(f: dataclasses.Field) -> type:
+    """str | int | float | bool of a field (its annotation is a string under `from __future__`)."""
+    text = str(f.type).replace(" | None", "")
+    return {"str": str, "int": int, "float": float, "bool": bool}[text]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """One line, not the usage of forty flags."""
+        self.exit(2, f"{self.prog}: error: {message} (--help lists every option)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The trainer's argument parser: --config plus one flag per TrainConfig field.
+
+    Parsed values are None unless given on the command line, so a recipe's values are
+    overridden only by flags the user actually typed."""
+    parser = _Parser(
+        prog="python -m solutions.phase4_production.train",
+        description="Fault-tolerant data-parallel trainer (ResNet/ViT; digits, synthetic, CIFAR-10, ImageNet). "
+                    "The same command starts, restarts and resumes a run.",
+        argument_default=argparse.SUPPRESS)
+    parser.add_argument("--config", metavar="RECIPE.toml",
+                        help=f"a recipe: TOML with field names as keys (shipped: {RECIPES})")
+    for f in fields(TrainConfig):
+        kind, meta = _field_type(f), dict(f.metadata)
+        help_text = meta.pop("help") + f" (default: {f.default})"
+        if kind is bool:
+            parser.add_argument(f"--{_flag(f.name)}", type=_parse_bool, nargs="?", const=True, metavar="BOOL",
+                                help=help_text, **meta)
+        else:
+            parser.add_argument(f"--{_flag(f.name)}", type=kind, metavar=f.name.upper() if "choices" not in meta
+                                else None, help=help_text, **meta)
+    return parser
+
+
+def load_recipe(path: str | Path) -> dict[str, Any]:
+    """The fields a TOML recipe sets. Raises ValueError for a missing file or an unknown key."""
+    path = Path(path)
+    if not path.is_file() and (RECIPES / path).is_file():
+        path = RECIPES / path
+    if not path.is_file():
+        raise ValueError(f"recipe {path} not found (shipped recipes: {', '.join(sorted(p.name for p in RECIPES.glob('*.toml')))})")
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    try:
+        values = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"recipe {path} is not valid TOML: {exc}") from None
+    known = {f.name: f for f in fields(TrainConfig)}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ValueError(f"recipe {path}: unknown keys {unknown} (the keys are TrainConfig's fields, see --help)")
+    for key, value in values.items():
+        kind = _field_type(known[key])
+        if not (isinstance(value, kind) or (kind is float and isinstance(value, int))) or \
+                (kind is not bool and isinstance(value, bool)):
+            raise ValueError(f"recipe {path}: {key} = {value!r} should be a {kind.__name__}")
+        choices = known[key].metadata.get("choices")
+        if choices and value not in choices:
+            raise ValueError(f"recipe {path}: {key} = {value!r} is not one of {list(choices)}")
+    return values
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """defaults < recipe < command line; exits with a one-line error (code 2) on bad input."""
+    parser = build_parser()
+    given = vars(parser.parse_args(argv))
+    try:
+        values = load_recipe(given.pop("config")) if "config" in given else {}
+        values.update({k: v for k, v in given.items()})
+        return TrainConfig(**values).validate()
+    except ValueError as exc:
+        parser.error(str(exc))

@@ -1,0 +1,236 @@
+"""The production trainer end to end: kills, preemption, bad input, real data formats, recipes.
+
+Each expensive run happens once per session (the _runs cache) and serves several tests.
+Runs use the small CNN on the bundled digits, one epoch of 22 steps, a checkpoint every 3
+steps, so the whole file takes a couple of minutes on 2 cores; the code path is the one
+the default ResNet-18 run takes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from common.torchrun import run_agent
+from solutions.phase4_production.config import RECIPES, TrainConfig, build_parser, load_recipe, parse_config
+
+ROOT = Path(__file__).resolve().parent.parent
+MODULE = "solutions.phase4_production.train"
+FLAGS = ["--model", "cnn", "--epochs", "1", "--global-batch", "64", "--checkpoint-every", "3", "--progress", "false"]
+STEPS = 1437 // 64  # digits: 22 steps per epoch
+ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1",
+       "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+# A fault that never fires but installs the injector's all-reduce hook, as the kill in the
+# all-reduce does: the reference of that job must run the same hook (same arithmetic).
+HOOK_ONLY = "rank=0,step=9999,phase=allreduce"
+FINGERPRINT = re.compile(r"^final weights sha256: ([0-9a-f]{64})$", re.M)
+_runs: dict = {}
+
+
+def launch(out: Path, *extra: str, nproc: int = 2, faults: str = "", timeout: float = 240) -> subprocess.CompletedProcess:
+    """The trainer without torchrun (it starts its own ranks)."""
+    env = {**os.environ, **ENV, "COURSE_FAULTS": faults}
+    return subprocess.run([sys.executable, "-m", MODULE, "--nproc", str(nproc), "--output-dir", str(out), *FLAGS,
+                           *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def torchrun(out: Path, *extra: str, faults: str = "", restarts: int = 3, timeout: float = 240) -> tuple[str, int]:
+    """One torchrun agent with 2 workers; (its output, its exit code); no process left behind."""
+    return run_agent(["--standalone", "--nproc-per-node=2", f"--max-restarts={restarts}", "-m", MODULE,
+                      "--output-dir", str(out), *FLAGS, *extra],
+                     timeout=timeout, env={**ENV, "COURSE_FAULTS": faults}, cwd=ROOT)
+
+
+def fingerprint_of(text: str) -> str:
+    found = FINGERPRINT.findall(text)
+    assert len(found) == 1, f"expected one 'final weights sha256:' line, got {found}:\n{text[-3000:]}"
+    return found[0]
+
+
+def cached(name: str, make):
+    """Run `make()` once per session; a failure is raised again for every test that needs it."""
+    if name not in _runs:
+        try:
+            _runs[name] = make()
+        except BaseException as exc:  # noqa: BLE001
+            _runs[name] = exc
+    if isinstance(_runs[name], BaseException):
+        raise _runs[name]
+    return _runs[name]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("trainer")
+
+
+def reference(base: Path, faults: str = "") -> str:
+    """Fingerprint of the uninterrupted run (launcher mode)."""
+    def make():
+        proc = launch(base / f"reference{'-hook' if faults else ''}", faults=faults)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert re.search(r"test accuracy \d+\.\d+% after 1 epochs on 2 ranks", proc.stdout), proc.stdout
+        return fingerprint_of(proc.stdout)
+    return cached(f"reference{faults}", make)
+
+
+# ---------------------------------------------------------------- kills, preemption, corruption
+
+
+def test_trainer_killed_three_times_ends_with_the_same_weights(base):
+    """SIGKILL in a backward (attempt 0), in the middle of writing a checkpoint (attempt 1)
+    and in the all-reduce (attempt 2); torchrun restarts the group each time."""
+    faults = ";".join(["rank=1,step=4,phase=backward,attempt=0", "rank=0,step=8,phase=save,attempt=1",
+                       "rank=1,step=13,phase=allreduce,attempt=2"])
+    output, code = torchrun(base / "killed", faults=faults, restarts=3)
+    assert code == 0, output[-4000:]
+    # attempt 1 resumes from step 3; the save of step 9 was torn, so attempt 2 resumes from 6
+    for attempt, step in ((1, 3), (2, 6), (3, 12)):
+        assert f"attempt {attempt}: resuming at step {step} of {STEPS}" in output, output[-4000:]
+    assert fingerprint_of(output) == reference(base, HOOK_ONLY), "the killed run ended with other weights"
+
+
+def test_trainer_fail_at_step_recovers_to_the_same_weights(base):
+    output, code = torchrun(base / "fail-at-step", "--fail-at-step", "5", restarts=1)
+    assert code == 0, output[-4000:]
+    assert "attempt 1: resuming at step 3" in output, output[-4000:]
+    assert fingerprint_of(output) == reference(base), "--fail-at-step changed the final weights"
+
+
+def test_trainer_sigterm_saves_at_the_next_step_and_resumes(base):
+    out = base / "preempted"
+    output, _ = torchrun(out, faults="rank=0,step=6,phase=forward,action=term", restarts=1)
+    assert "preempted at step 7 of 22" in output, output[-4000:]
+    assert (out / "checkpoints" / "step_000000007.pt").is_file(), sorted((out / "checkpoints").iterdir())
+    again = launch(out)  # the same run, restarted (here without torchrun)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming at step 7 of 22" in again.stdout, again.stdout
+    assert fingerprint_of(again.stdout) == reference(base)
+
+
+def test_trainer_skips_a_corrupt_checkpoint(base):
+    reference(base)
+    folder = base / "reference" / "checkpoints"
+    newest = max(folder.glob("step_*.pt"))
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    proc = launch(base / "reference")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert newest.name in proc.stderr and "skipping checkpoint" in proc.stderr, proc.stderr[-3000:]
+    assert "resuming at step 21 of 22" in proc.stdout, proc.stdout
+    assert fingerprint_of(proc.stdout) == reference(base)
+
+
+def test_trainer_resumes_at_another_world_size(tmp_path):
+    first = launch(tmp_path, "--max-steps", "4")
+    assert first.returncode == 0 and "stopped at step 4 of 22" in first.stdout, first.stdout + first.stderr[-2000:]
+    second = launch(tmp_path, nproc=1)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "rank 0 of 1 on cpu, attempt 0: resuming at step 4 of 22" in second.stdout, second.stdout
+    assert "after 1 epochs on 1 ranks" in second.stdout, second.stdout
+
+
+# ---------------------------------------------------------------- bad input: one line, exit 2
+
+
+def _one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, f"exit code {proc.returncode}:\n{proc.stderr[-3000:]}"
+    assert "Traceback" not in proc.stderr and len(lines) == 1, f"expected one line:\n{proc.stderr[-3000:]}"
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("flags, needles", [
+    (["--model", "resnet9000"], ["--model", "invalid choice"]),
+    (["--epochs", "0"], ["--epochs must be >= 1"]),
+    (["--config", "no_such_recipe.toml"], ["no_such_recipe.toml", "digits_cpu.toml"]),
+    (["--fail-at-step", "3"], ["torchrun", "--max-restarts"]),
+])
+def test_trainer_rejects_bad_flags_in_one_line(capsys, monkeypatch, flags, needles):
+    from solutions.phase4_production.train import main
+
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        main(flags)  # fails before any rank starts
+    _one_line_error(subprocess.CompletedProcess([], exit_.value.code, "", capsys.readouterr().err), *needles)
+
+
+def test_trainer_rejects_a_bad_recipe_key(tmp_path, capsys):
+    recipe = tmp_path / "bad.toml"
+    recipe.write_text('model = "cnn"\nlearning_rate = 0.1\n')
+    with pytest.raises(SystemExit) as exit_:
+        parse_config(["--config", str(recipe)])
+    _one_line_error(subprocess.CompletedProcess([], exit_.value.code, "", capsys.readouterr().err), "learning_rate")
+
+
+def test_trainer_reports_a_missing_dataset_in_one_line(tmp_path):
+    _one_line_error(launch(tmp_path, "--dataset", "cifar10", "--data-root", str(tmp_path / "nowhere")),
+                    "CIFAR-10 not found", "data/README.md")
+
+
+def test_trainer_rejects_a_world_size_that_does_not_split_the_global_batch(tmp_path):
+    _one_line_error(launch(tmp_path, nproc=3), "64", "3 ranks")
+
+
+def test_trainer_refuses_checkpoints_of_another_model_and_keeps_them(tmp_path):
+    first = launch(tmp_path, "--model", "mlp", "--max-steps", "3")
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = {p.name: p.read_bytes() for p in (tmp_path / "checkpoints").iterdir()}
+    _one_line_error(launch(tmp_path), "not of this run", "--output-dir")
+    after = {p.name: p.read_bytes() for p in (tmp_path / "checkpoints").iterdir()}
+    assert after == before, "a refused run changed the checkpoints it refused"
+
+
+# ---------------------------------------------------------------- real data formats, worker processes
+
+
+def _tiny_data(root: Path) -> None:
+    sys.path.insert(0, str(ROOT / "tests"))
+    import test_common_data as data_tests  # the tiny real-format writers of the data tests
+
+    (root / "cifar").mkdir(parents=True)
+    data_tests._write_cifar(root / "cifar", per_batch=20)
+    (root / "folder").mkdir()
+    data_tests._write_image_folder(root / "folder")
+
+
+@pytest.mark.parametrize("dataset, extra", [
+    ("cifar10", ["--global-batch", "16", "--workers", "2"]),
+    ("imagenet", ["--global-batch", "2", "--image-size", "32", "--workers", "1"]),
+])
+def test_trainer_reads_real_formats_with_worker_processes(tmp_path, dataset, extra):
+    _tiny_data(tmp_path / "data")
+    root = tmp_path / "data" / ("cifar" if dataset == "cifar10" else "folder")
+    proc = launch(tmp_path / "run", "--dataset", dataset, "--data-root", str(root), "--model", "resnet18",
+                  "--max-steps", "2", *extra)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"test accuracy \d+\.\d+% after \d+ epochs on 2 ranks", proc.stdout), proc.stdout
+    fingerprint_of(proc.stdout)
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def test_help_lists_every_option_with_its_default():
+    text = build_parser().format_help()
+    for f in fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        assert flag in text, f"--help does not list {flag}"
+        assert f"(default: {f.default})" in " ".join(text.split()), f"--help does not give the default of {flag}"
+
+
+def test_every_shipped_recipe_loads_and_flags_override_it():
+    recipes = sorted(RECIPES.glob("*.toml"))
+    assert len(recipes) >= 5, recipes
+    for recipe in recipes:
+        TrainConfig(**load_recipe(recipe)).validate()
+    config = parse_config(["--config", "imagenet_resnet50_8gpu.toml", "--epochs", "2", "--data-root", "/x"])
+    assert (config.epochs, config.data_root, config.model, config.global_batch) == (2, "/x", "resnet50", 1024)
+    assert parse_config([]) == TrainConfig(**load_recipe("digits_cpu.toml")), \
+        "digits_cpu.toml documents the defaults: keep them equal"
