@@ -37,17 +37,31 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
 
 from benchmarks._util import OneLineParser, save_outputs  # noqa: E402
+from common.distributed import current_device  # noqa: E402
 from common.launch import run_world  # noqa: E402
 from common.models import build_model  # noqa: E402
 from solutions.phase4_production.checkpoint import CheckpointManager, training_state  # noqa: E402
 from solutions.phase4_production.config import TrainConfig  # noqa: E402
-from solutions.phase4_production.train import evaluate, lr_schedule, make_optimizer, train  # noqa: E402
+from solutions.phase4_production.train import (autocast_dtype, evaluate, lr_schedule, make_optimizer,  # noqa: E402
+                                                train)
 from solutions.phase4_production.train_data import build_datasets, eval_loader  # noqa: E402
 
 CASES = {
     "digits": dict(dataset="digits"),
     "synthetic32": dict(dataset="synthetic", image_size=32, synthetic_size=2048),
+    # for GPUs (one rank per GPU): the issue's "ResNet-50, AMP, channels_last, synthetic data"
+    "resnet50_224": dict(dataset="synthetic", image_size=224, synthetic_size=8192, model="resnet50",
+                         global_batch=256, reference_batch=256, workers=4),
 }
+DEFAULT_CASES = ["digits", "synthetic32"]
+
+
+def _now(device: torch.device) -> float:
+    """Wall time once the device has finished what was queued (the trainer's timestamps are
+    taken after its step timer synchronised)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.time()
 
 
 def bare_ddp(cfg: TrainConfig, steps: int, warmup: int, save_folder: str) -> dict:
@@ -57,36 +71,46 @@ def bare_ddp(cfg: TrainConfig, steps: int, warmup: int, save_folder: str) -> dic
     train_set, test_set, shape, classes = build_datasets(cfg.dataset, cfg.data_root, cfg.image_size, cfg.synthetic_size)
     per_rank = cfg.global_batch // world
     sampler = DistributedSampler(train_set, world, rank, shuffle=True, seed=cfg.seed, drop_last=True)
-    loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler, drop_last=True, num_workers=cfg.workers)
-    model = build_model(cfg.model, shape, classes, seed=cfg.seed)
-    ddp = DDP(model)
+    loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler, drop_last=True, num_workers=cfg.workers,
+                        pin_memory=torch.cuda.is_available(), persistent_workers=cfg.workers > 0)
+    device = current_device()
+    dtype = autocast_dtype(cfg.amp, device)
+    channels_last = torch.channels_last if device.type == "cuda" else torch.preserve_format
+    model = build_model(cfg.model, shape, classes, seed=cfg.seed).to(device, memory_format=channels_last)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     optimizer = make_optimizer(cfg, model)
     steps_per_epoch = len(train_set) // cfg.global_batch
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(steps_per_epoch, cfg.epochs,
                                                                          cfg.warmup_epochs))
-    tests = eval_loader(test_set, rank, world, per_rank, cfg.workers, False)
+    tests = eval_loader(test_set, rank, world, per_rank, cfg.workers, torch.cuda.is_available())
     loss_fn = nn.CrossEntropyLoss()
     step, epoch, begin = 0, 0, None
     while step < steps:
         sampler.set_epoch(epoch)
         for x, y in loader:
-            loss_fn(ddp(x), y).backward()
-            optimizer.step()
+            x = x.to(device, non_blocking=True, memory_format=channels_last)
+            y = y.to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                loss = loss_fn(ddp(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
             step += 1
             if step % steps_per_epoch == 0:  # torchvision's reference: evaluate and save every epoch
-                evaluate(model, tests, torch.device("cpu"), None)
+                evaluate(model, tests, device, dtype)
                 if rank == 0:
                     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
                                f"{save_folder}.epoch.pt")
             if step == warmup:
-                begin = time.perf_counter()
+                begin = _now(device)
             if step == steps:
                 break
         epoch += 1
-    seconds = time.perf_counter() - begin
-    state = training_state(ddp, optimizer, scheduler)  # collective: every rank's RNG
+    seconds = _now(device) - begin
+    state = training_state(ddp, optimizer, scheduler, scaler)  # collective: every rank's RNG
     started = time.perf_counter()
     CheckpointManager(save_folder, keep=1).save(step, state)
     return {"seconds": seconds, "save_s": time.perf_counter() - started}
@@ -126,7 +150,9 @@ def _rank(cases: list[str], steps: int, warmup: int, repeats: int) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = OneLineParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=sorted(CASES))
+    parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=DEFAULT_CASES,
+                        help="resnet50_224 is for GPUs (AMP, channels_last)")
+    parser.add_argument("--nproc", type=int, default=None, help="ranks (default: one per GPU, else 2)")
     parser.add_argument("--steps", type=int, default=45, help="steps per run (a multiple of --warmup)")
     parser.add_argument("--warmup", type=int, default=5, help="steps left out at the start of each run")
     parser.add_argument("--repeats", type=int, default=2, help="bare/trainer pairs per case")
@@ -136,10 +162,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.warmup < 1 or args.steps <= args.warmup or args.steps % args.warmup or args.repeats < 1:
         parser.error("need 1 <= --warmup < --steps, --steps a multiple of --warmup, --repeats >= 1")
-    results = run_world(_rank, 2, args=(args.cases, args.steps, args.warmup, args.repeats),
-                        timeout=3600)[0]
+    nproc = args.nproc or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
+    results = run_world(_rank, nproc, args=(args.cases, args.steps, args.warmup, args.repeats), timeout=3600)[0]
     measured = args.steps - args.warmup
-    print(f"2 CPU ranks, ResNet-18, global batch 64; seconds for steps {args.warmup + 1}..{args.steps} "
+    print(f"{nproc} ranks ({'GPU' if torch.cuda.is_available() else 'CPU'}); seconds for steps {args.warmup + 1}..{args.steps} "
           f"({measured} steps), {args.repeats} alternating pair(s) per case; both evaluate and save at epoch ends; "
           f"save/interval: one full checkpoint over {args.checkpoint_every} bare steps")
     print(f"{'case':<12}{'bare s/step':>12}{'trainer s/step':>16}{'trainer/bare':>14}{'spread':>10}"
