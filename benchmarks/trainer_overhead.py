@@ -42,8 +42,8 @@ from common.launch import run_world  # noqa: E402
 from common.models import build_model  # noqa: E402
 from solutions.phase4_production.checkpoint import CheckpointManager, training_state  # noqa: E402
 from solutions.phase4_production.config import TrainConfig  # noqa: E402
-from solutions.phase4_production.train import (autocast_dtype, evaluate, lr_schedule, make_optimizer,  # noqa: E402
-                                                train)
+from solutions.phase4_production.train import (autocast_dtype, default_nproc, evaluate, lr_schedule,  # noqa: E402
+                                                make_optimizer, train)
 from solutions.phase4_production.train_data import build_datasets, eval_loader  # noqa: E402
 
 CASES = {
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.warmup < 1 or args.steps <= args.warmup or args.steps % args.warmup or args.repeats < 1:
         parser.error("need 1 <= --warmup < --steps, --steps a multiple of --warmup, --repeats >= 1")
-    nproc = args.nproc or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
+    nproc = args.nproc or default_nproc()
     results = run_world(_rank, nproc, args=(args.cases, args.steps, args.warmup, args.repeats), timeout=3600)[0]
     measured = args.steps - args.warmup
     print(f"{nproc} ranks ({'GPU' if torch.cuda.is_available() else 'CPU'}); seconds for steps {args.warmup + 1}..{args.steps} "

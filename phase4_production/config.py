@@ -23,7 +23,6 @@ from common.models import MODEL_NAMES
 _HERE = Path(__file__).resolve().parent
 # The recipes ship once, with the reference; the learner's copy of this file finds them there.
 RECIPES = _HERE / "recipes" if (_HERE / "recipes").is_dir() else _HERE.parent / "solutions" / _HERE.name / "recipes"
-TRAINER_MODELS = tuple(m for m in MODEL_NAMES)
 AMP_MODES = ("auto", "bf16", "fp16", "off")
 OPTIMIZERS = ("sgd", "adamw")
 COMPRESSIONS = ("none", "powersgd", "topk")
@@ -44,7 +43,7 @@ class TrainConfig:
     synthetic_size: int = _opt(4096, "samples of the synthetic training set")
     workers: int = _opt(0, "DataLoader worker processes per rank (0: load in the training process, right for in-memory digits)")
     # model
-    model: str = _opt("resnet18", "torchvision model (CIFAR stem below 64 px)", choices=TRAINER_MODELS)
+    model: str = _opt("resnet18", "torchvision model (CIFAR stem below 64 px)", choices=MODEL_NAMES)
     channels_last: str = _opt("auto", "channels_last memory format (auto: on GPU only)", choices=("auto", "on", "off"))
     compile: bool = _opt(False, "torch.compile the model")
     # optimisation

@@ -103,6 +103,18 @@ def _schema_errors(schema_name: str, document: dict) -> list[str]:
             for e in jsonschema.Draft7Validator(schema).iter_errors(document)]
 
 
+def assert_matches_crd(schema_name: str, job: dict, section: tuple[str, ...], field: str) -> None:
+    """The job validates against the schema derived from its CRD, and a copy whose `field`
+    (under the keys `section`) lost its last letter does not: the schema is closed."""
+    assert _schema_errors(schema_name, job) == []
+    typo = copy.deepcopy(job)
+    parent = typo
+    for key in section:
+        parent = parent[key]
+    parent[field[:-1]] = parent.pop(field)
+    assert any(field[:-1] in e for e in _schema_errors(schema_name, typo)), "the schema must reject a misspelled field"
+
+
 def test_pytorchjob_is_elastic_runs_the_trainer_and_matches_the_crd():
     job = yaml_file(K8S / "pytorchjob-elastic.yaml")
     assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
@@ -113,11 +125,7 @@ def test_pytorchjob_is_elastic_runs_the_trainer_and_matches_the_crd():
     check_torchrun_command(container["command"] + container.get("args", []))
     assert env_of(container)[STORE_FIX] == "1"
     assert any(m["mountPath"] == "/checkpoints" for m in container["volumeMounts"])
-    assert _schema_errors("pytorchjob.schema.json", job) == []
-    typo = copy.deepcopy(job)
-    typo["spec"]["elasticPolicy"]["maxReplica"] = typo["spec"]["elasticPolicy"].pop("maxReplicas")
-    assert any("maxReplica" in e for e in _schema_errors("pytorchjob.schema.json", typo)), \
-        "the schema must reject a misspelled field"
+    assert_matches_crd("pytorchjob.schema.json", job, ("spec", "elasticPolicy"), "maxReplicas")
 
 
 def test_trainjob_runs_the_trainer_and_matches_the_crd():
@@ -126,11 +134,7 @@ def test_trainjob_runs_the_trainer_and_matches_the_crd():
     trainer = job["spec"]["trainer"]
     check_torchrun_command(trainer["command"] + trainer.get("args", []))
     assert env_of(trainer)[STORE_FIX] == "1"
-    assert _schema_errors("trainjob.schema.json", job) == []
-    typo = copy.deepcopy(job)
-    typo["spec"]["trainer"]["numNode"] = typo["spec"]["trainer"].pop("numNodes")
-    assert any("numNode" in e for e in _schema_errors("trainjob.schema.json", typo)), \
-        "the schema must reject a misspelled field"
+    assert_matches_crd("trainjob.schema.json", job, ("spec", "trainer"), "numNodes")
 
 
 def test_checkpoint_volume_claim_is_valid_kubernetes():
