@@ -63,6 +63,8 @@ class TrainConfig:
     compression: str = _opt("none", "gradient compression as a DDP comm hook (4.4)", choices=COMPRESSIONS)
     compression_rank: int = _opt(4, "PowerSGD rank")
     topk_ratio: float = _opt(0.01, "top-k: fraction of gradient elements sent")
+    compression_start: int = _opt(10, "step from which --compression compresses (plain all-reduce before it, "
+                                      "and in the first 2 steps of every restart; torch's PowerSGD default: 1000)")
     seed: int = _opt(0, "seed of the weights, the data order and the augmentation")
     deterministic: bool = _opt(False, "deterministic kernels (torch.use_deterministic_algorithms)")
     # fault tolerance
@@ -94,9 +96,11 @@ class TrainConfig:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
         for name in ("workers", "warmup_epochs", "label_smoothing", "grad_clip", "weight_decay", "momentum",
-                     "profile_steps", "straggler_threshold", "fail_rank"):
+                     "profile_steps", "straggler_threshold", "fail_rank", "compression_start"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"--seed must be in [0, 2**32), got {self.seed}")
         if self.fail_at_step is not None and self.fail_at_step < 0:
             raise ValueError(f"--fail-at-step must be >= 0, got {self.fail_at_step}")
         if not self.lr > 0 or not 0 < self.topk_ratio <= 1 or self.timeout <= 0:

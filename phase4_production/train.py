@@ -17,8 +17,8 @@ One attempt on one rank (torchrun starts a fresh attempt after a failure):
 What makes a resumed run bit-identical to one never stopped (CPU, same world size): the
 checkpoint holds model, optimizer, LR schedule, loss scaler, data position and every
 rank's RNG; the data order depends on (seed, epoch) only; each sample's augmentation on
-(seed, epoch, index) only (train_data.SeededSamples). Gradient compression's error-feedback
-memory is not checkpointed: a compressed run resumes correctly but not bit-identically.
+(seed, epoch, index) only (train_data.SeededSamples). With --compression a run resumes
+correctly but not bit-identically (see _register_comm_hook).
 """
 
 from __future__ import annotations
@@ -45,9 +45,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from common.distributed import current_device
 from common.models import build_model
 from phase4_production.checkpoint import CheckpointManager, training_state, unwrap
-from phase4_production.compression import PowerSGDState, TopKState, powersgd_hook, topk_hook
+from phase4_production.compression import (CompressionState, PowerSGDState, TopKState, powersgd_hook,
+                                                     topk_hook)
 from phase4_production.config import TrainConfig, parse_config
-from phase4_production.elastic import ElasticSampler, plan_batches
+from phase4_production.elastic import BatchPlan, ElasticSampler, plan_batches
 from phase4_production.monitoring import (MetricsWriter, StepTimer, StragglerDetector, memory_stats,
                                                     training_profiler)
 from phase4_production.recovery import (Fault, FaultInjector, PreemptionHandler, current_attempt,
@@ -170,17 +171,20 @@ def train(cfg: TrainConfig) -> dict:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_schedule(sampler.steps_per_epoch, cfg.epochs, cfg.warmup_epochs))
     dtype = autocast_dtype(cfg.amp, device)
+    if dtype == torch.float16 and device.type == "cpu" and rank == 0:
+        print("warning: --amp fp16 on CPU runs torch's slow fp16 kernels (ResNet-18 about 90x slower than float32, "
+              "measured with torch 2.15); use --amp bf16 on CPU, fp16 is for GPUs without bf16", file=sys.stderr, flush=True)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     faults = FaultInjector.from_env()
     if cfg.fail_at_step is not None:
         faults = FaultInjector([*faults.faults, Fault(cfg.fail_rank, cfg.fail_at_step, "backward")])
-    _register_comm_hook(ddp, cfg, faults)
-    net = torch.compile(ddp) if cfg.compile else ddp
 
     checkpoints = CheckpointManager(out / "checkpoints", keep=cfg.keep)
     progress = _resume(checkpoints, cfg, ddp, optimizer, scheduler, scaler, device)
     step = int(progress["step"]) if progress else 0
+    compression = _register_comm_hook(ddp, cfg, faults, step)
+    net = torch.compile(ddp) if cfg.compile else ddp
     if progress:
         sampler.load_state_dict(progress["data"])
     history: list[dict] = list(progress.get("history", [])) if progress else []
@@ -197,7 +201,8 @@ def train(cfg: TrainConfig) -> dict:
     timer = StepTimer(device)
     stragglers = StragglerDetector(every=cfg.straggler_every, threshold=cfg.straggler_threshold,
                                    min_excess_s=0.005, device=device) if world > 1 else None
-    loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+    parts = StepParts(net, ddp, plan, nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing), optimizer, scaler,
+                      dtype, device, channels_last, cfg.grad_clip, compression)
     bar = _progress_bar(cfg, rank, end, step)
     profiler = training_profiler(out / "traces", rank, wait=5, warmup=2, active=cfg.profile_steps) \
         if cfg.profile_steps else contextlib.nullcontext()
@@ -220,8 +225,7 @@ def train(cfg: TrainConfig) -> dict:
                     batch = next(batches, None)
                 if batch is None:
                     break
-                loss = _train_step(net, ddp, batch, plan, loss_fn, optimizer, scaler, dtype, device,
-                                   channels_last, cfg.grad_clip, timer, faults)
+                loss = train_step(parts, batch, timer, faults)
                 scheduler.step()
                 sampler.advance()
                 step += 1
@@ -267,14 +271,25 @@ def train(cfg: TrainConfig) -> dict:
     return summary
 
 
-def _register_comm_hook(ddp: DDP, cfg: TrainConfig, faults: FaultInjector) -> None:
-    """4.4's compression hook, or the fault injector's all-reduce point (one hook per DDP)."""
+def _register_comm_hook(ddp: DDP, cfg: TrainConfig, faults: FaultInjector,
+                        step: int) -> PowerSGDState | TopKState | None:
+    """4.4's compression hook (returns its state), or the fault injector's all-reduce point
+    (one hook per DDP). Compression begins at step cfg.compression_start of the run, and
+    never in the first 2 steps of an attempt: a new DDP holds every parameter in one bucket
+    until its first step ends, and the hook's memory is kept per bucket. For the same
+    reason an attempt's hook starts with empty memory (error feedback, warm-start Q): a
+    compressed run resumes correctly, but not bit-identically."""
+    start = max(2, cfg.compression_start - step)  # in this attempt's steps
+    state = None
     if cfg.compression == "powersgd":
-        ddp.register_comm_hook(PowerSGDState(matrix_approximation_rank=cfg.compression_rank), powersgd_hook)
+        state = PowerSGDState(matrix_approximation_rank=cfg.compression_rank, start_powerSGD_iter=start)
+        ddp.register_comm_hook(state, powersgd_hook)
     elif cfg.compression == "topk":
-        ddp.register_comm_hook(TopKState(ratio=cfg.topk_ratio), topk_hook)
+        state = TopKState(ratio=cfg.topk_ratio, start_iter=start)
+        ddp.register_comm_hook(state, topk_hook)
     elif any(f.phase == "allreduce" for f in faults.faults):
         ddp.register_comm_hook(None, faults.allreduce_hook)
+    return state
 
 
 def _resume(checkpoints, cfg, ddp, optimizer, scheduler, scaler, device) -> dict | None:
@@ -292,36 +307,75 @@ def _resume(checkpoints, cfg, ddp, optimizer, scheduler, scaler, device) -> dict
         raise ValueError(f"the checkpoints in {checkpoints.folder} were written by a run with "
                          f"{progress.get('identity')}, this run has {identity(cfg)}: use another --output-dir, "
                          "or delete them to start over")
+    _set_aside_newer(checkpoints, int(progress["step"]) if progress else -1)
     return progress
 
 
-def _train_step(net, ddp: DDP, batch, plan, loss_fn, optimizer, scaler, dtype, device, channels_last: bool,
-                grad_clip: float, timer: StepTimer, faults: FaultInjector) -> float:
-    """One optimizer step over this rank's share, in plan.micro_batches passes (DDP's
-    all-reduce runs in the last backward only); returns this rank's mean loss."""
+def _set_aside_newer(checkpoints: CheckpointManager, resumed: int) -> None:
+    """Rename the checkpoints newer than the one resumed (they failed verification) to
+    `step_*.pt.corrupt` on rank 0: kept for inspection, no longer counted by keep-last-k,
+    which would otherwise prune the new good checkpoints below them."""
+    if current_attempt().rank != 0:
+        return
+    for step in checkpoints.steps():
+        if step > resumed:
+            path = checkpoints.path_for(step)
+            with contextlib.suppress(FileNotFoundError):
+                path.rename(path.with_name(path.name + ".corrupt"))
+                print(f"warning: set aside corrupt checkpoint {path} as {path.name}.corrupt (delete it when done)",
+                      file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass
+class StepParts:
+    """What every optimizer step of an attempt uses."""
+
+    net: nn.Module                        # what the forward calls: ddp, or torch.compile(ddp)
+    ddp: DDP
+    plan: BatchPlan                       # this rank's share of the global batch, in passes
+    loss_fn: nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler          # enabled for fp16 only
+    dtype: torch.dtype | None             # autocast dtype, None: full precision
+    device: torch.device
+    channels_last: bool = False
+    grad_clip: float = 0.0                # max gradient norm, 0: no clipping
+    compression: CompressionState | None = None  # the comm hook's state (4.4)
+
+
+def train_step(parts: StepParts, batch, timer: StepTimer, faults: FaultInjector) -> float:
+    """One optimizer step over this rank's share of a global batch, in plan.micro_batches
+    passes (DDP's all-reduce runs in the last backward only); returns this rank's mean loss.
+    A step the loss scaler skips (inf/NaN gradients) also empties the compression memory,
+    which would otherwise carry the inf into every later step."""
     x, y = batch
-    x = x.to(device, non_blocking=True, memory_format=torch.channels_last if channels_last else torch.preserve_format)
-    y = y.to(device, non_blocking=True)
+    x = x.to(parts.device, non_blocking=True,
+             memory_format=torch.channels_last if parts.channels_last else torch.preserve_format)
+    y = y.to(parts.device, non_blocking=True)
     total = 0.0
-    slices = plan.micro_slices()
+    slices = parts.plan.micro_slices()
     for i, (part, weight) in enumerate(slices):
-        sync = contextlib.nullcontext() if i == len(slices) - 1 else ddp.no_sync()
+        sync = contextlib.nullcontext() if i == len(slices) - 1 else parts.ddp.no_sync()
         with sync:
             with timer.phase("forward"):
                 faults.point("forward")
-                with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                    loss = loss_fn(net(x[part]), y[part])
+                with torch.autocast(parts.device.type, dtype=parts.dtype, enabled=parts.dtype is not None):
+                    loss = parts.loss_fn(parts.net(x[part]), y[part])
             with timer.phase("backward"):
                 faults.point("backward")
-                scaler.scale(loss * weight).backward()
+                parts.scaler.scale(loss * weight).backward()
         total += loss.detach() * weight
     with timer.phase("optimizer"):
-        if grad_clip > 0:
+        scaler, optimizer = parts.scaler, parts.optimizer
+        if parts.grad_clip > 0:
             scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(ddp.parameters(), grad_clip)
+            torch.nn.utils.clip_grad_norm_(parts.ddp.parameters(), parts.grad_clip)
+        scale = scaler.get_scale()  # 1.0 when disabled
         scaler.step(optimizer)
-        scaler.update()
+        scaler.update()  # the scale shrinks exactly when the gradients were not finite
         optimizer.zero_grad(set_to_none=True)
+        if parts.compression is not None and scaler.get_scale() < scale:
+            parts.compression.reset_memory()
     return float(total)
 
 

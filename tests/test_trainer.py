@@ -16,9 +16,13 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
+import torch
 
+from common.launch import run_world
 from common.torchrun import run_agent
+from solutions.phase4_production.checkpoint import load_verified
 from solutions.phase4_production.config import RECIPES, TrainConfig, build_parser, load_recipe, parse_config
+from solutions.phase4_production.train_data import SeededSamples
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULE = "solutions.phase4_production.train"
@@ -124,6 +128,20 @@ def test_trainer_skips_a_corrupt_checkpoint(base):
     assert newest.name in proc.stderr and "skipping checkpoint" in proc.stderr, proc.stderr[-3000:]
     assert "resuming at step 21 of 22" in proc.stdout, proc.stdout
     assert fingerprint_of(proc.stdout) == reference(base)
+    assert (folder / f"{newest.name}.corrupt").is_file(), "the corrupt checkpoint was not kept aside"
+
+
+def test_trainer_keeps_its_new_checkpoints_when_every_old_one_is_corrupt(base, tmp_path):
+    """keep-last-k must not count corrupt files: they would outrank, and prune, every new save."""
+    assert launch(tmp_path, "--max-steps", "12").returncode == 0  # keeps steps 6, 9, 12
+    for path in (tmp_path / "checkpoints").glob("step_*.pt"):
+        path.write_bytes(path.read_bytes()[:1000])
+    second = launch(tmp_path, "--max-steps", "5")
+    assert second.returncode == 0 and "starting of 22" in second.stdout, second.stdout + second.stderr[-3000:]
+    third = launch(tmp_path)
+    assert "resuming at step 5 of 22" in third.stdout, third.stdout + third.stderr[-3000:]
+    assert fingerprint_of(third.stdout) == reference(base)
+    assert len(list((tmp_path / "checkpoints").glob("step_*.pt.corrupt"))) == 3, "a corrupt checkpoint was lost"
 
 
 def test_trainer_resumes_at_another_world_size(tmp_path):
@@ -133,6 +151,62 @@ def test_trainer_resumes_at_another_world_size(tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "rank 0 of 1 on cpu, attempt 0: resuming at step 4 of 22" in second.stdout, second.stdout
     assert "after 1 epochs on 1 ranks" in second.stdout, second.stdout
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_trainer_mixed_precision_on_cpu_resumes_to_the_same_weights(base, tmp_path, amp):
+    """bf16 autocast (CPU's mixed precision), and fp16 with a GradScaler (the path of GPUs
+    without bf16): a run stopped and resumed ends with the weights of one never stopped."""
+    whole = launch(tmp_path / "whole", "--amp", amp)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert fingerprint_of(whole.stdout) != reference(base), f"--amp {amp} trained in float32"
+    assert launch(tmp_path / "part", "--amp", amp, "--max-steps", "8").returncode == 0
+    rest = launch(tmp_path / "part", "--amp", amp)
+    assert "resuming at step 8 of 22" in rest.stdout, rest.stdout + rest.stderr[-3000:]
+    assert fingerprint_of(rest.stdout) == fingerprint_of(whole.stdout), f"--amp {amp}: the resumed run differs"
+    if amp == "fp16":
+        state = load_verified(max((tmp_path / "part" / "checkpoints").glob("step_*.pt")))
+        assert state["scaler"] and state["scaler"]["scale"] > 0, f"the loss scaler is not checkpointed: {state['scaler']}"
+
+
+def _fp16_steps_around_an_overflow() -> list[bool]:
+    """On a 1-rank world: 6 fp16 steps of a Linear under 4.4's top-k hook (compressing from
+    step 2); the loss scale is forced so high before step 3 that its gradients overflow,
+    then set back to 1. Returns, per step, whether the weights moved and stayed finite."""
+    from solutions.phase4_production.compression import TopKState, topk_hook
+    from solutions.phase4_production.elastic import plan_batches
+    from solutions.phase4_production.monitoring import StepTimer
+    from solutions.phase4_production.recovery import FaultInjector
+    from solutions.phase4_production.train import StepParts, train_step
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    state = TopKState(ratio=0.5, start_iter=2)
+    ddp.register_comm_hook(state, topk_hook)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
+    parts = StepParts(ddp, ddp, plan_batches(4, 1, 4), torch.nn.CrossEntropyLoss(),
+                      torch.optim.SGD(model.parameters(), lr=0.1), scaler, torch.float16, torch.device("cpu"),
+                      compression=state)
+    batch = (torch.randn(4, 8), torch.arange(4))
+    moved = []
+    for step in range(6):
+        if step in (3, 4):
+            scaler.update(2.0 ** 40 if step == 3 else 1.0)
+        before = model.weight.detach().clone()
+        timer = StepTimer()
+        timer.start()
+        train_step(parts, batch, timer, FaultInjector())
+        moved.append(not torch.equal(before, model.weight) and bool(model.weight.isfinite().all()))
+    return moved
+
+
+def test_an_fp16_step_the_scaler_skips_does_not_poison_compression():
+    """The skipped step's inf reaches the hook's error memory; kept there, it makes every
+    later gradient inf and the scaler skips every step from then on (training stalls)."""
+    moved = run_world(_fp16_steps_around_an_overflow, 1)[0]
+    assert moved == [True, True, True, False, True, True], \
+        f"weights updated per step: {moved} (step 3 overflows and must be skipped; the steps after it must train)"
 
 
 # ---------------------------------------------------------------- bad input: one line, exit 2
@@ -149,6 +223,7 @@ def _one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
 @pytest.mark.parametrize("flags, needles", [
     (["--model", "resnet9000"], ["--model", "invalid choice"]),
     (["--epochs", "0"], ["--epochs must be >= 1"]),
+    (["--seed", "-1"], ["--seed must be in [0, 2**32)"]),
     (["--config", "no_such_recipe.toml"], ["no_such_recipe.toml", "digits_cpu.toml"]),
     (["--fail-at-step", "3"], ["torchrun", "--max-restarts"]),
 ])
@@ -212,6 +287,35 @@ def test_trainer_reads_real_formats_with_worker_processes(tmp_path, dataset, ext
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"test accuracy \d+\.\d+% after \d+ epochs on 2 ranks", proc.stdout), proc.stdout
     fingerprint_of(proc.stdout)
+
+
+# ---------------------------------------------------------------- the data pipeline
+
+
+class _RandomCrop(torch.utils.data.Dataset):
+    """Stands in for a dataset with random augmentation: item i draws from torch's global RNG."""
+
+    def __len__(self) -> int:
+        return 100
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.rand(4) + index
+
+
+def test_seeded_samples_depend_on_seed_epoch_and_index_only(monkeypatch):
+    reseeded = []  # torch.manual_seed would also seed every GPU: slow per sample, and it resets their streams
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: reseeded.append(seed))
+    samples = SeededSamples(_RandomCrop(), seed=3)
+    torch.default_generator.manual_seed(1)
+    before = torch.get_rng_state()
+    first = samples[(0, 5)]
+    assert torch.equal(torch.get_rng_state(), before), "loading a sample moved the caller's RNG stream"
+    torch.default_generator.manual_seed(2)
+    assert torch.equal(samples[(0, 5)], first), "the same (epoch, index) gave another augmentation"
+    assert not torch.equal(samples[(1, 5)], first) and not torch.equal(samples[(0, 6)] - 1, first)
+    assert not torch.equal(SeededSamples(_RandomCrop(), seed=4)[(0, 5)], first)
+    assert reseeded == [], "a sample reseeded the GPU generators"
+    SeededSamples(_RandomCrop(), seed=2**32 - 1)[(10**4, 10**9)]  # the largest seed: no overflow
 
 
 # ---------------------------------------------------------------- configuration
