@@ -81,6 +81,7 @@ def bare_ddp(cfg: TrainConfig, steps: int, warmup: int, save_folder: str) -> dic
     loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler, drop_last=True, num_workers=cfg.workers,
                         pin_memory=torch.cuda.is_available(), persistent_workers=cfg.workers > 0)
     device = current_device()
+    torch.backends.cudnn.benchmark = True  # as the trainer (and torchvision's reference) sets it
     dtype = autocast_dtype(cfg.amp, device)
     channels_last = torch.channels_last if device.type == "cuda" else torch.preserve_format
     model = build_model(cfg.model, shape, classes, seed=cfg.seed).to(device, memory_format=channels_last)

@@ -66,7 +66,8 @@ class TrainConfig:
     compression_start: int = _opt(10, "step from which --compression compresses (plain all-reduce before it, "
                                       "and in the first 2 steps of every restart; torch's PowerSGD default: 1000)")
     seed: int = _opt(0, "seed of the weights, the data order and the augmentation")
-    deterministic: bool = _opt(False, "deterministic kernels (torch.use_deterministic_algorithms)")
+    deterministic: bool = _opt(False, "deterministic kernels (torch.use_deterministic_algorithms; on GPUs also "
+                                      "CUBLAS_WORKSPACE_CONFIG and no cuDNN autotuning)")
     # fault tolerance
     output_dir: str = _opt("runs/digits", "checkpoints, metrics and traces go here; a run resumes from it")
     checkpoint_every: int = _opt(20, "save every N steps (and at every epoch end)")

@@ -8,6 +8,7 @@ the default ResNet-18 run takes.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -207,6 +208,28 @@ def test_an_fp16_step_the_scaler_skips_does_not_poison_compression():
     moved = run_world(_fp16_steps_around_an_overflow, 1)[0]
     assert moved == [True, True, True, False, True, True], \
         f"weights updated per step: {moved} (step 3 overflows and must be skipped; the steps after it must train)"
+
+
+def test_trainer_writes_metrics_traces_and_a_progress_bar(tmp_path):
+    proc = launch(tmp_path, "--profile-steps", "2", "--log-every", "5", "--progress", "true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{STEPS}/{STEPS}" in proc.stderr, f"no progress bar on stderr:\n{proc.stderr[-2000:]}"
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    by_event: dict = {}
+    for record in records:
+        by_event.setdefault(record.get("event"), []).append(record)
+    assert [r["step"] for r in by_event.get("train", [])] == [5, 10, 15, 20], by_event.get("train")
+    for key in ("loss", "lr", "data_s", "forward_s", "backward_s", "optimizer_s", "step_s", "samples_per_s",
+                "peak_rss_bytes"):
+        assert all(isinstance(r.get(key), (int, float)) for r in by_event["train"]), f"train lines lack {key}"
+    assert [r["step"] for r in by_event.get("eval", [])] == [STEPS] and 0 <= by_event["eval"][0]["accuracy"] <= 1
+    saves = by_event.get("checkpoint", [])
+    assert [r["step"] for r in saves] == [3, 6, 9, 12, 15, 18, 21, 22], saves
+    assert all(r["seconds"] > 0 and r["bytes"] > 1000 for r in saves), saves
+    assert len(by_event.get("summary", [])) == 1 and by_event["summary"][0]["images_per_s"] > 0
+    traces = sorted(p.name for p in (tmp_path / "traces").iterdir())
+    assert [name.split(".")[0] for name in traces] == ["rank0", "rank1"] and all(n.endswith(".json") for n in traces), \
+        f"expected one trace per rank: {traces}"
 
 
 # ---------------------------------------------------------------- bad input: one line, exit 2

@@ -148,8 +148,10 @@ def train(cfg: TrainConfig) -> dict:
     device = current_device()
     out = Path(cfg.output_dir)
     _seed_everything(cfg.seed * 1_000_003 + rank)
-    if cfg.deterministic:
+    if cfg.deterministic:  # cuBLAS is deterministic only with a fixed workspace, read when its handle is made
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = not cfg.deterministic  # autotune convolutions: image sizes are fixed
 
     if cfg.fail_at_step is not None and cfg.fail_rank >= world:
         raise ValueError(f"--fail-rank {cfg.fail_rank} is not a rank of this world of {world}")
@@ -209,11 +211,14 @@ def train(cfg: TrainConfig) -> dict:
     samples_trained, train_seconds, preempted = 0, 0.0, False
 
     def save() -> None:
+        began = time.perf_counter()
         state = training_state(ddp, optimizer, scheduler, scaler,
                                {"step": step, "data": sampler.state_dict(), "history": history,
                                 "identity": identity(cfg)})
         with faults.saving():
-            checkpoints.save(step, state)
+            path = checkpoints.save(step, state)
+        if metrics is not None:  # what checkpointing costs: compare with step_s x --checkpoint-every
+            metrics.write(step, event="checkpoint", seconds=time.perf_counter() - began, bytes=path.stat().st_size)
 
     with PreemptionHandler(device=device) as preemption, profiler as prof:
         while step < end:
