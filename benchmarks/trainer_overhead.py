@@ -147,13 +147,15 @@ def _rank(cases: list[str], steps: int, warmup: int, repeats: int) -> dict:
                 dist.broadcast_object_list(out)  # one folder for the world: rank 0 writes, all read
                 cfg = replace(TrainConfig(), **CASES[case], output_dir=f"{out[0]}/run", max_steps=steps,
                               log_every=1, checkpoint_every=10**9, progress=False, tensorboard=False)
-                runs = [lambda: bare_ddp(cfg, steps, warmup, f"{out[0]}/bare"), lambda: trainer_run(cfg, warmup)]
-                if repeat % 2:  # bare first, then trainer first: a machine slowing down hurts both alike
-                    runs.reverse()
-                got = [run() for run in runs][::-1 if repeat % 2 else 1]
-                rows["bare"].append(got[0]["ends"])
-                rows["save_s"].append(got[0]["save_s"])
-                rows["trainer"].append(got[1].get("ends"))
+                if repeat % 2 == 0:  # bare first, then trainer first: a machine slowing down hurts both alike
+                    bare = bare_ddp(cfg, steps, warmup, f"{out[0]}/bare")
+                    trainer = trainer_run(cfg, warmup)
+                else:
+                    trainer = trainer_run(cfg, warmup)
+                    bare = bare_ddp(cfg, steps, warmup, f"{out[0]}/bare")
+                rows["bare"].append(bare["ends"])
+                rows["save_s"].append(bare["save_s"])
+                rows["trainer"].append(trainer.get("ends"))
                 dist.barrier()  # nobody deletes the folder while another rank still reads it
         results[case] = rows
     return results
@@ -162,13 +164,12 @@ def _rank(cases: list[str], steps: int, warmup: int, repeats: int) -> dict:
 def compare(bare: list[list[float]], trainer: list[list[float]]) -> dict:
     """Ratios of the trainer to the bare loop from each pair's step ends (rank 0's clock):
     per step (median step times) and window (whole spans); the medians over the pairs."""
-    def steps(ends: list[float]) -> list[float]:
-        return [b - a for a, b in zip(ends, ends[1:])]
-
-    step_ratios = [statistics.median(steps(t)) / statistics.median(steps(b)) for b, t in zip(bare, trainer)]
+    bare_steps = [[b - a for a, b in zip(ends, ends[1:])] for ends in bare]
+    trainer_steps = [[b - a for a, b in zip(ends, ends[1:])] for ends in trainer]
+    step_ratios = [statistics.median(t) / statistics.median(b) for b, t in zip(bare_steps, trainer_steps)]
     window_ratios = [(t[-1] - t[0]) / (b[-1] - b[0]) for b, t in zip(bare, trainer)]
-    return {"bare_step_s": statistics.median(x for ends in bare for x in steps(ends)),
-            "trainer_step_s": statistics.median(x for ends in trainer for x in steps(ends)),
+    return {"bare_step_s": statistics.median(x for pair in bare_steps for x in pair),
+            "trainer_step_s": statistics.median(x for pair in trainer_steps for x in pair),
             "step_ratio": statistics.median(step_ratios), "step_ratios": step_ratios,
             "window_ratio": statistics.median(window_ratios), "window_ratios": window_ratios}
 

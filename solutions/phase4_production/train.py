@@ -277,7 +277,7 @@ def train(cfg: TrainConfig) -> dict:
 
 
 def _register_comm_hook(ddp: DDP, cfg: TrainConfig, faults: FaultInjector,
-                        step: int) -> PowerSGDState | TopKState | None:
+                        step: int) -> CompressionState | None:
     """4.4's compression hook (returns its state), or the fault injector's all-reduce point
     (one hook per DDP). Compression begins at step cfg.compression_start of the run, and
     never in the first 2 steps of an attempt: a new DDP holds every parameter in one bucket
