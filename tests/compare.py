@@ -71,5 +71,11 @@ def state_dict_problems(actual: dict, expected: dict, what: str, rtol: float = 1
 
 
 def assert_no_problems(problems: list[str], header: str = "") -> None:
+    """Fail with the header and the first 12 problems; the error keeps all of them
+    (`.problems`, `.header`) for the grader's per-exercise report (tests/grading.py)."""
+    if not problems:
+        return
     shown = "\n".join(problems[:12]) + (f"\n... and {len(problems) - 12} more" if len(problems) > 12 else "")
-    assert not problems, (header + "\n" if header else "") + shown
+    error = AssertionError((header + "\n" if header else "") + shown)
+    error.problems, error.header = list(problems), header
+    raise error

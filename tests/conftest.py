@@ -34,6 +34,8 @@ _control_of: dict[str, str] = {}  # test nodeid -> the negative control it ran a
 # (test function, control) -> the run of it whose world deadlocked: its other parametrizations
 # (e.g. larger world sizes) would only wait out the same deadline again.
 _deadlocked: dict[tuple[str, str | None], str] = {}
+_records: dict[str, dict] = {}  # test nodeid -> grading.failure_record (what the exercise reports need)
+_hints_shown: set[str] = set()  # TODO hints already printed in full once
 
 
 def pytest_addoption(parser):
@@ -48,6 +50,9 @@ def pytest_addoption(parser):
                     help="a list of negative controls ({name, exercise, path, caught_by, world_timeout}): "
                          "each test of a control's caught_by runs once against it, nothing else runs")
     group.addoption("--grade-json", metavar="PATH", help="also write the exercise table as JSON")
+    group.addoption("--course-runner", choices=("learner", "instructor"), default=None,
+                    help="set by tests/test_phaseN.py (learner) and tests/grade.py (instructor): whom the "
+                         "banner and the closing verdict speak to")
 
 
 def _overrides(config) -> dict[str, str]:
@@ -93,9 +98,18 @@ def _control(item) -> dict | None:
     return callspec.params.get("grade") if callspec else None
 
 
+def _audience(config) -> str:
+    """learner (python tests/test_phaseN.py, pytest --impl learner), instructor (tests/grade.py)
+    or reference (pytest on the solutions)."""
+    return config.getoption("--course-runner") or ("learner" if config.getoption("--impl") == "learner" else "reference")
+
+
 def _graded_description(config) -> str:
-    if config.getoption("--impl") == "learner":
-        root = Path(config.getoption("--learner-root")).resolve()
+    root = Path(config.getoption("--learner-root")).resolve()
+    if _audience(config) == "instructor":
+        text = (f"grading the learner checkout {root}: its phase folders, with the tests, harness and reference "
+                f"solutions of {grading.REPO_ROOT}")
+    elif config.getoption("--impl") == "learner":
         text = f"GRADING YOUR CODE: the phase folders of {root} (not solutions/)"
     else:
         text = f"grading the REFERENCE SOLUTIONS in {grading.REPO_ROOT / 'solutions'} (your own code: python tests/test_phaseN.py)"
@@ -182,7 +196,9 @@ def pytest_runtest_makereport(item, call):
         if todo:
             ex = grading.EXERCISES.get(grading.exercise_of_test(item.name) or "")
             where = f" (read {ex.guidelines})" if ex else ""
-            report.longrepr = f"{todo}{where}"
+            # each hint in full once; the other tests it stops say so in a few words
+            report.longrepr = f"{todo}{where}" if todo not in _hints_shown else f"{todo.split(':', 1)[0]}, as above"
+            _hints_shown.add(todo)
         death = None if todo or report.passed else grading.harness_error_of(call.excinfo.value if call.excinfo else None)
         if death:
             report.longrepr = (f"HARNESS ERROR, no verdict on the graded code: {death}\n"
@@ -190,17 +206,60 @@ def pytest_runtest_makereport(item, call):
                                "in time): run the test again.\n\n"
                                f"{report.longrepr}")
         _outcomes[item.nodeid] = "todo" if todo else "pass" if report.passed else "error" if death else "fail"
+        exercise = grading.exercise_of_test(item.name)
+        if exercise in grading.EXERCISES:
+            record = grading.failure_record(item.name, _outcomes[item.nodeid],
+                                            None if report.passed or todo else call.excinfo.value, exercise)
+            _records[item.nodeid] = {**record, "todo": todo}
     elif report.failed:  # teardown errors count against the test too
         _outcomes[item.nodeid] = "fail"
+        if item.nodeid in _records:
+            _records[item.nodeid].update(outcome="fail", lines=[*_records[item.nodeid]["lines"],
+                                                                f"teardown failed: {report.longreprtext.splitlines()[-1:]}"])
+
+
+def _test_listing(rows: list[dict]) -> list[str]:
+    """For the instructor: every graded test once, by exercise, each TODO hint once and whole."""
+    lines = []
+    for row in rows:
+        lines.append(f"{row['exercise']} {row['title']}")
+        mine = [(nodeid, rec) for nodeid, rec in _records.items()
+                if grading.exercise_of_test(rec["test"]) == row["exercise"]]
+        for nodeid, rec in mine:
+            outcome = _outcomes[nodeid]
+            first = rec["lines"][0] if outcome in ("fail", "error") and rec["lines"] else ""
+            lines.append(f"  {outcome.upper():<5} {rec['test']}" + (f": {first}" if first else ""))
+        for hint in dict.fromkeys(rec["todo"] for _, rec in mine if rec.get("todo")):
+            lines.append(f"  {hint}")
+    return lines
 
 
 def pytest_terminal_summary(terminalreporter, config):
     rows = grading.summarize(_outcomes)
-    if rows:
-        terminalreporter.section("exercises")
-        terminalreporter.write_line(config._course_graded)
-        terminalreporter.write_line(grading.format_table(rows))
+    if rows and _audience(config) == "instructor":
+        terminalreporter.section("tests")
+        for line in _test_listing(rows):
+            terminalreporter.write_line(line)
+    failing = [row for row in rows if row["status"] == "fail"]
+    if failing:
+        terminalreporter.section("exercise reports")
+        for row in failing:
+            records = [rec for rec in _records.values() if grading.exercise_of_test(rec["test"]) == row["exercise"]]
+            for line in grading.exercise_report(row, records):
+                terminalreporter.write_line(line)
     path = config.getoption("--grade-json")
     if path:
         grading.write_json(Path(path), rows, _outcomes, config._course_graded,
                            durations=_durations, controls=_control_of)
+
+
+def pytest_unconfigure(config):
+    """The table and the verdict come last, after pytest's own summary lines."""
+    rows = grading.summarize(_outcomes)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if not rows or reporter is None or not hasattr(config, "_course_graded"):
+        return
+    reporter.write_sep("=", "exercises")
+    reporter.write_line(config._course_graded)
+    reporter.write_line(grading.format_table(rows))
+    reporter.write_line(grading.verdict(rows, _audience(config), config.getoption("--grade-json")), bold=True)

@@ -5,6 +5,18 @@
 The tests, the harness and the reference come from THIS repository; only the learner's
 phase folders (phase1_data_parallel/, ...) are taken from the checkout, so a learner
 cannot change how they are graded.
+
+The console lists every graded test once, by exercise (PASS / FAIL / TODO / ERROR, a
+failure's first line, each TODO hint once), then a report of each failing exercise, the
+exercise table and a one-line verdict. The JSON file holds:
+
+    graded      which code was graded, from where
+    exercises   one row per exercise: status (pass / fail / todo), tests passed, failed,
+                todo, errors (harness errors: a rank died outside the graded code; no
+                verdict, run again), and the guidelines section
+    counts      exercises by status: {"pass": n, "fail": n, "todo": n}
+    tests       every test's outcome, {test id: "pass" | "fail" | "todo" | "error"}
+    durations   every test's seconds, {test id: seconds}
 """
 
 from __future__ import annotations
@@ -27,9 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     if not (checkout / "phase1_data_parallel").is_dir():
         parser.error(f"{checkout} has no phase1_data_parallel/ folder: is it a checkout of this course?")
     tests = sorted(str(p) for p in HERE.glob("test_phase*.py"))
+    # --tb=no, -rN: the listing of tests and the exercise reports (conftest.py) say it all, once
     code = pytest.main([*tests, "--impl", "learner", f"--learner-root={checkout}", f"--grade-json={args.json}",
-                        "-q", "--tb=line", "-p", "no:cacheprovider", *pytest_args])
-    print(f"exercise table written to {args.json}")
+                        "--course-runner=instructor", "-q", "--tb=no", "-rN", "-p", "no:cacheprovider", *pytest_args])
     return 0 if code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) else int(code)
 
 

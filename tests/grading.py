@@ -14,9 +14,12 @@ reference, so one unfinished exercise never fails the tests of another.
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
 import importlib.util
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -257,23 +260,294 @@ def format_table(rows: list[dict]) -> str:
         if r.get("errors"):
             lines.append(f"{'':17}  {r['errors']} harness error(s), no verdict on the code (a rank died without "
                          "reporting, or the world could not start in time): run again")
-    done = sum(r["status"] == "pass" for r in rows)
-    lines.append(f"{done}/{len(rows)} exercises pass")
     return "\n".join(lines)
+
+
+def counts(rows: list[dict]) -> dict[str, int]:
+    """Exercises by status: a TODO (not started) is counted apart from a FAIL."""
+    return {status: sum(r["status"] == status for r in rows) for status in ("pass", "fail", "todo")}
+
+
+def test_file_of(exercise: str) -> str:
+    return f"tests/test_phase{exercise.split('.')[0]}.py"
+
+
+def verdict(rows: list[dict], audience: str = "learner", json_path: str | None = None) -> str:
+    """The run's last line: how many exercises pass, fail, are TODO, and what to do next.
+
+    audience: "learner" (python tests/test_phaseN.py), "instructor" (tests/grade.py) or
+    "reference" (pytest on the solutions)."""
+    if not rows:
+        return "no graded exercise was run"
+    n = counts(rows)
+    text = f"{n['pass']}/{len(rows)} exercises pass ({n['fail']} FAIL, {n['todo']} TODO)"
+    first_fail = next((r for r in rows if r["status"] == "fail"), None)
+    first_todo = next((r for r in rows if r["status"] == "todo"), None)
+    if audience == "instructor":
+        return f"{text}; the table and every test's outcome are in {json_path or 'the JSON report (--grade-json)'}"
+    if audience == "reference":
+        if first_fail or first_todo:
+            return f"{text}; a reference solution fails: that is a bug of the course, not of your code"
+        return f"{text}: the reference solutions pass (your own code: python tests/test_phaseN.py)"
+    if first_fail:
+        ex = first_fail["exercise"]
+        return (f"{text}; next: fix {ex} (its report is above), then rerun it alone: "
+                f"python {test_file_of(ex)} -k {ex.replace('.', '_')}")
+    if first_todo:
+        return f"{text}; next: exercise {first_todo['exercise']}, read {first_todo['guidelines']}"
+    return f"{text}; all done: compare your code with solutions/, then go on to the next phase"
+
+
+# ------------------------------------------------------------ per-exercise failure reports
+
+
+@dataclass(frozen=True)
+class GradedFunction:
+    """A function (or method) of a solution that holds an exercise region."""
+
+    name: str  # "ring_all_reduce", "ShardSampler.__iter__"
+    aliases: tuple[str, ...]  # words that name it in a failure message or a test name
+    calls: frozenset[str]  # the other graded functions of the exercise that it calls
+
+
+@functools.lru_cache(maxsize=None)
+def graded_functions(exercise: str) -> tuple[GradedFunction, ...]:
+    """The functions of exercise `exercise`'s reference that hold one of its EXERCISE regions,
+    in file order; with the names a test may use for them (e.g. the keys of a module-level
+    dict of strategies) and which of them each calls."""
+    ex = EXERCISES[exercise]
+    path = REPO_ROOT / "solutions" / ex.phase / f"{ex.module}.py"
+    if not path.exists():
+        return ()
+    source = path.read_text()
+    tree = ast.parse(source)
+    markers = [i for i, line in enumerate(source.splitlines(), start=1)
+               if re.match(rf"\s*# EXERCISE {re.escape(exercise)}:", line)]
+    defs: list[tuple[str, ast.AST]] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if not isinstance(child, ast.ClassDef):
+                    defs.append((prefix + child.name, child))
+                visit(child, f"{prefix}{child.name}.")
+            else:
+                visit(child, prefix)
+
+    visit(tree, "")
+    chosen: dict[str, ast.AST] = {}
+    for line in markers:
+        around = [(n, d) for n, d in defs if d.lineno <= line <= d.end_lineno]
+        if around:
+            name, node = min(around, key=lambda item: item[1].end_lineno - item[1].lineno)
+            chosen.setdefault(name, node)
+    short = {name: name.rsplit(".", 1)[-1] for name in chosen}
+    shared = {n for n in short.values() if list(short.values()).count(n) > 1}
+    # a method is named by its own name too where that is unambiguous and no plain word ("step")
+    aliases = {name: [name] + ([short[name]] if short[name] != name and not short[name].startswith("__")
+                               and "_" in short[name].strip("_") and short[name] not in shared else [])
+               + ([name.rsplit(".", 1)[0]] if short[name] == "__init__" and "." in name else [])
+               for name in chosen}
+    for node in tree.body:  # STRATEGIES = {"ring": allreduce_ring, ...}: "ring" names allreduce_ring
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+            for key, value in zip(node.value.keys, node.value.values):
+                if isinstance(key, ast.Constant) and isinstance(key.value, str) and isinstance(value, ast.Name) \
+                        and value.id in chosen:
+                    aliases[value.id].append(key.value)
+    result = []
+    for name, node in sorted(chosen.items(), key=lambda item: item[1].lineno):
+        owner = name.rsplit(".", 1)[0] if "." in name else None
+        called = set()
+        for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+            if isinstance(call.func, ast.Name):  # helper(...): a top-level function
+                called.add(call.func.id)
+            elif isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) \
+                    and call.func.value.id == "self" and owner:  # self.helper(...): a method of its class
+                called.add(f"{owner}.{call.func.attr}")
+        calls = frozenset(other for other in chosen if other != name and other in called)
+        result.append(GradedFunction(name, tuple(dict.fromkeys(aliases[name])), calls))
+    return tuple(result)
+
+
+def _levels(functions: tuple[GradedFunction, ...]) -> dict[str, int]:
+    """0 for a function that calls no other graded function, else one more than its deepest callee:
+    a failure of a callee explains its callers' failures, so it is the more specific one."""
+    by_name, levels = {f.name: f for f in functions}, {}
+
+    def level(name: str, seen: frozenset) -> int:
+        if name not in levels:
+            callees = [c for c in by_name[name].calls if c not in seen]
+            levels[name] = 1 + max((level(c, seen | {name}) for c in callees), default=-1)
+        return levels[name]
+
+    for f in functions:
+        level(f.name, frozenset())
+    return levels
+
+
+def _named_in(text: str, functions: tuple[GradedFunction, ...]) -> str | None:
+    """The graded function that `text` names first."""
+    best = None
+    for f in functions:
+        for alias in f.aliases:
+            # "ring_all_reduce" anywhere; a plain word ("evaluate") only as a call, "evaluate(..."
+            tail = r"(?!\w)" if "_" in alias.strip("_") or "." in alias else r"\("
+            m = re.search(rf"(?<![\w.]){re.escape(alias)}{tail}", text)
+            if m and (best is None or m.start() < best[0]):
+                best = (m.start(), f.name)
+    return best[1] if best else None
+
+
+def _named_by_test(test: str, functions: tuple[GradedFunction, ...]) -> str | None:
+    """The graded function that a test's name is about: test_1_4_sync_gradients_... -> sync_gradients."""
+    topic = re.sub(r"^test_\d+_\d+_", "", test.split("[")[0])
+    for f in functions:
+        for alias in f.aliases:
+            if re.search(rf"(?:^|_){re.escape(alias.rsplit('.', 1)[-1])}(?:_|$)", topic):
+                return f.name
+    return None
+
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line \d+,? in (?P<func>[\w<>]+)')
+
+
+def failure_record(test: str, outcome: str, exc: BaseException | None, exercise: str) -> dict:
+    """What the per-exercise report needs of one test's failure: its problem lines (all of
+    them, not the first 12 an assertion shows) and the graded function a traceback or a
+    deadlocked rank's stack was in, if any."""
+    lines: list[str] = []
+    texts = [str(exc)] if exc is not None else []
+    if exc is not None and getattr(exc, "problems", None):  # compare.assert_no_problems
+        lines = list(exc.problems)
+    elif exc is not None and getattr(exc, "failures", None):  # a rank raised
+        cause = min(exc.failures.values(), key=lambda f: f.when)
+        lines = [f"rank {cause.rank} raised {cause.exc_type}: {cause.message.splitlines()[0] if cause.message else ''}"]
+        texts.append(cause.traceback)
+    elif exc is not None:
+        text = str(exc).strip()
+        kept = []
+        for line in text.splitlines():
+            if line.startswith("assert ") or line.startswith("+"):
+                break  # pytest's rewriting of the assert statement: not the message
+            kept.append(line.strip())
+        kept = [line for line in kept if line and not re.match(r"^\.\.\. and \d+ more$", line)]
+        if len(kept) > 1 and kept[0].endswith(":"):
+            kept = kept[1:]  # a header over a list of problems
+        prefix = "" if isinstance(exc, AssertionError) else f"{type(exc).__name__}: "
+        lines = [prefix + (kept[0] if kept else type(exc).__name__)] + kept[1:] if prefix else kept or [text]
+        texts += [str(s) for s in getattr(exc, "stacks", {}).values()]
+    module = f"{EXERCISES[exercise].module}.py" if exercise in EXERCISES else None
+    names = {f.name.rsplit(".", 1)[-1]: f.name for f in graded_functions(exercise)} if exercise in EXERCISES else {}
+    where = None
+    for text in texts:
+        for m in _FRAME.finditer(text or ""):
+            if Path(m["file"]).name == module and m["func"] in names:
+                where = names[m["func"]]  # the innermost frame in the graded module wins
+    return {"test": test, "outcome": outcome, "lines": lines, "where": where}
+
+
+def _shape(line: str) -> str:
+    """A message with its numbers and parenthesised details blanked: the same mistake seen
+    on another rank, world size, dtype or shape has the same shape."""
+    previous = None
+    while previous != line:
+        previous, line = line, re.sub(r"\([^()]*\)|\[[^\[\]]*\]", "<>", line)
+    return re.sub(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?", "#", line)
+
+
+def _tests_text(tests: list[str]) -> str:
+    """['t[2]', 't[3]', 'u'] -> 't[2, 3], u'."""
+    grouped: dict[str, list[str]] = {}
+    for test in tests:
+        base, _, param = test.partition("[")
+        grouped.setdefault(base, []).append(param.rstrip("]"))
+    return ", ".join(base + (f"[{', '.join(p for p in params if p)}]" if any(params) else "")
+                     for base, params in grouped.items())
+
+
+def exercise_report(row: dict, records: list[dict], limit: int = 8) -> list[str]:
+    """A failing exercise's report: one line per graded function (ok, TODO, or what is wrong),
+    then each kind of failure message once (the same message on other world sizes, ranks,
+    dtypes or shapes collapsed into it), the most specific first: a function's failure
+    before those of the functions that call it, so the cause comes before its echoes."""
+    exercise = row["exercise"]
+    functions = graded_functions(exercise) if exercise in EXERCISES else ()
+    levels = _levels(functions)
+    groups: dict[tuple, dict] = {}
+    todo: set[str] = set()
+    order = 0
+    for record in records:
+        if record["outcome"] == "todo":
+            todo.add(_named_by_test(record["test"], functions) or "")
+            continue
+        if record["outcome"] not in ("fail", "error"):
+            continue
+        for line in record["lines"] or [f"{record['test']} failed"]:
+            fn = _named_in(line, functions) or record["where"] or _named_by_test(record["test"], functions)
+            group = groups.setdefault((fn, _shape(line)), {"function": fn, "line": line, "count": 0, "tests": [],
+                                                          "order": order})
+            order += 1
+            group["count"] += 1
+            if record["test"] not in group["tests"]:
+                group["tests"].append(record["test"])
+    ranked = sorted(groups.values(), key=lambda g: (levels.get(g["function"], len(functions)) if g["function"]
+                                                     else len(functions) + 1, g["order"]))
+    failing = {g["function"] for g in ranked if g["function"]}
+    unnamed = any(g["function"] is None for g in ranked)
+    lines = [f"{exercise} {row['title']}: {row['status'].upper()}, {row['passed']} of {row['tests']} tests pass"]
+    width = max((len(f.name) for f in functions), default=0)
+    for f in functions:
+        mine = [g for g in ranked if g["function"] == f.name]
+        if mine:
+            status = f"WRONG: {mine[0]['line']}"
+            callees = sorted(c for c in f.calls if c in failing)
+            if callees:
+                status += f" (it calls {', '.join(callees)}, which fails too: fix that first)"
+        elif f.name in todo:
+            status = "TODO"
+        elif unnamed:
+            status = "no failure names it (see the failures below that name no function)"
+        else:
+            status = "ok"
+        lines.append(f"  {f.name:<{width}}  {status}")
+    if ranked:
+        lines.append("  failures, most specific first (one line per kind of message; "
+                     "other world sizes, ranks and cases collapsed into it):")
+    for g in ranked[:limit]:
+        times = f"{g['count']}x in " if g["count"] > 1 else "in "
+        lines.append(f"  - {g['line']}  [{times}{_tests_text(g['tests'])}]")
+    if len(ranked) > limit:
+        lines.append(f"  ... and {len(ranked) - limit} more kinds of message (every failure is above, test by test)")
+    return lines
+
+
+def pristine_checks_required() -> bool:
+    """Whether the checks that the repository itself is pristine (templates regenerated from
+    the solutions, benchmarks showing the untouched templates' TODO) must run even where a
+    template holds a learner's code: in CI (CI=true, as CI services set it) or with
+    COURSE_REQUIRE_PRISTINE=1. Elsewhere they skip on a learner's checkout."""
+    return any(os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+               for name in ("CI", "COURSE_REQUIRE_PRISTINE"))
 
 
 def write_json(path: Path, rows: list[dict], outcomes: dict[str, str], graded: str, *,
                durations: dict[str, float] | None = None, controls: dict[str, str] | None = None) -> None:
-    """The report: exercise rows, {nodeid: outcome}, {nodeid: seconds}, and with --controls
-    {nodeid: the negative control the test ran against}."""
-    report = {"graded": graded, "exercises": rows, "tests": outcomes,
-              "durations": durations or {}, "controls": controls or {}}
+    """The report: what was graded, the exercise rows, exercises counted by status, every
+    test's outcome {nodeid: pass|fail|todo|error} and seconds {nodeid: seconds}; with
+    --controls also {nodeid: the negative control the test ran against}."""
+    report = {"graded": graded, "exercises": rows, "counts": counts(rows), "tests": outcomes,
+              "durations": durations or {}}
+    if controls:
+        report["controls"] = controls
     Path(path).write_text(json.dumps(report, indent=2) + "\n")
 
 
 def learner_main(test_file: str) -> int:
-    """`python tests/test_phaseN.py [pytest args]`: grade the learner's templates."""
+    """`python tests/test_phaseN.py [pytest args]`: grade the learner's templates. The run
+    ends with the exercise table and a verdict line (printed by conftest.py after pytest's
+    own summary; -rN drops pytest's list of failed tests, which the table replaces)."""
     import pytest
 
-    args = [test_file, "--impl", "learner", "--tb=short", "-q", "-p", "no:cacheprovider", *sys.argv[1:]]
+    args = [test_file, "--impl", "learner", "--course-runner=learner", "--tb=short", "-q", "-rN",
+            "-p", "no:cacheprovider", *sys.argv[1:]]
     return int(pytest.main(args))

@@ -26,10 +26,101 @@ import make_templates  # noqa: E402
 ROOT = grading.REPO_ROOT
 
 
+def _skip_on_a_learners_checkout(check: str) -> None:
+    """A check that the repository is pristine means nothing on a checkout where a learner has
+    written exercises (and its advice, regenerate the templates, would erase their work): it
+    skips there, saying why, unless CI=true or COURSE_REQUIRE_PRISTINE=1 (CI runs it always)."""
+    learner = make_templates.templates_with_learner_code()
+    if learner and not grading.pristine_checks_required():
+        pytest.skip(f"{check}: skipped, the exercise regions of {', '.join(learner)} hold your code "
+                    "(a check for CI and contributors; CI=true or COURSE_REQUIRE_PRISTINE=1 runs it)")
+
+
 def test_templates_are_regenerated_from_solutions():
+    _skip_on_a_learners_checkout("templates regenerated from the solutions")
     stale = [str(dst.relative_to(ROOT)) for src, dst in make_templates.template_pairs()
              if not dst.exists() or dst.read_text() != make_templates.make_template(src.read_text())]
     assert not stale, f"run `python tools/make_templates.py`: stale templates {stale}"
+
+
+def _pristine_checkout(root: Path, phases: tuple[str, ...] = ("phase1_data_parallel",)) -> Path:
+    """Write the untouched templates of `phases` under `root`, generated from the solutions:
+    tests of the grading machinery grade these, never the learner's own files."""
+    for src, dst in make_templates.template_pairs():
+        if dst.parent.name in phases:
+            target = root / dst.relative_to(ROOT)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(make_templates.make_template(src.read_text()))
+    return root
+
+
+def _copy_of_the_repository(root: Path) -> Path:
+    """The repository's files without the venv, git and outputs (a few MB): for tests that
+    change templates, so the real ones are never touched."""
+    ignore = shutil.ignore_patterns(".venv", ".git", "runs", "__pycache__", "*.egg-info", ".pytest_cache")
+    shutil.copytree(ROOT, root, ignore=ignore)
+    for src, dst in make_templates.template_pairs():  # exactly what the generator writes, to start from
+        (root / dst.relative_to(ROOT)).write_text(make_templates.make_template(src.read_text()))
+    return root
+
+
+def test_make_templates_never_overwrites_learner_code_without_force(tmp_path, capsys):
+    root = _copy_of_the_repository(tmp_path / "repo")
+    allreduce, ring = root / "phase1_data_parallel" / "allreduce.py", root / "phase3_multi_node" / "ring.py"
+    stale = root / "phase1_data_parallel" / "sampler.py"  # stale outside its exercise regions: no learner code
+    solved = allreduce.read_text().replace('    raise NotImplementedError("TODO 1.2:', "    my_work = 1\n"
+                                           '    raise NotImplementedError("TODO 1.2:', 1)
+    assert solved != allreduce.read_text()
+    allreduce.write_text(solved)
+    ring.write_text(ring.read_text().replace("raise NotImplementedError(", "return tensor  # mine\n    "
+                                             "raise NotImplementedError(", 1))
+    stale.write_text("# an old header\n" + stale.read_text())
+    assert make_templates.templates_with_learner_code(root) == {
+        "phase1_data_parallel/allreduce.py": ["1.2"], "phase3_multi_node/ring.py": ["3.1"]}
+
+    assert make_templates.main([], root=root) == 1
+    out, err = capsys.readouterr()
+    assert len(err.strip().splitlines()) == 1, err
+    assert "phase1_data_parallel/allreduce.py (1.2)" in err and "phase3_multi_node/ring.py (3.1)" in err, err
+    assert "--force" in err and "nothing was written" in err, err
+    assert allreduce.read_text() == solved and stale.read_text().startswith("# an old header"), "wrote anyway"
+
+    assert make_templates.main(["--force"], root=root) == 0
+    out, err = capsys.readouterr()
+    backups = sorted(p.relative_to(root).as_posix() for p in root.glob("phase*/*.bak-*"))
+    assert [b.split(".bak-")[0] for b in backups] == ["phase1_data_parallel/allreduce.py",
+                                                       "phase3_multi_node/ring.py"], backups
+    assert f"kept your version of phase1_data_parallel/allreduce.py as {backups[0]}" in out, out
+    assert (root / backups[0]).read_text() == solved, "the copy must hold the learner's code"
+    assert make_templates.templates_with_learner_code(root) == {}
+    assert make_templates.main(["--check"], root=root) == 0
+
+
+def test_a_reworded_hint_is_no_learner_code():
+    template = "def f():\n    raise NotImplementedError('TODO 9.9: add one')\n"
+    assert make_templates.learner_regions(template, template.replace("add one", "add 1")) == []
+    assert make_templates.learner_regions(template, "def f():\n    return 1\n") == ["9.9"]
+    assert make_templates.learner_regions(template, "# header\n" + template) == []
+
+
+def test_pristine_checks_skip_on_a_learners_checkout_and_run_in_ci(tmp_path):
+    """On a copy of the repository whose 1.2 holds code, the pristine checks skip saying why;
+    with CI=true the same checks run and fail (so CI still catches a real drift)."""
+    root = _copy_of_the_repository(tmp_path / "repo")
+    allreduce = root / "phase1_data_parallel" / "allreduce.py"
+    allreduce.write_text(allreduce.read_text().replace('raise NotImplementedError("TODO 1.2:',
+                                                       'return tensor\n    raise NotImplementedError("TODO 1.2:', 1))
+    checks = ["tests/test_grading.py::test_templates_are_regenerated_from_solutions",
+              "tests/test_repo.py::test_allreduce_benchmark_compares_learner_reference_and_torch"]
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "COURSE_REQUIRE_PRISTINE")}
+    env["COLUMNS"] = "400"  # skip reasons whole
+    run = [sys.executable, "-m", "pytest", *checks, "-q", "-rs", "-p", "no:cacheprovider"]
+    learner = subprocess.run(run, cwd=root, capture_output=True, text=True, timeout=300, env=env)
+    assert learner.returncode == 0, learner.stdout[-3000:]
+    assert "phase1_data_parallel/allreduce.py hold your code" in learner.stdout, learner.stdout[-3000:]
+    ci = subprocess.run([*run, "-x"], cwd=root, capture_output=True, text=True, timeout=300, env={**env, "CI": "true"})
+    assert ci.returncode == 1 and "stale templates ['phase1_data_parallel/allreduce.py']" in ci.stdout, \
+        ci.stdout[-3000:]
 
 
 def test_make_template_replaces_exercise_bodies():
@@ -62,8 +153,10 @@ def _public_api(path: Path) -> dict[str, str]:
 
 
 def test_templates_have_the_public_api_of_their_solutions():
+    learner = set() if grading.pristine_checks_required() else set(make_templates.templates_with_learner_code())
     for src, dst in make_templates.template_pairs():
-        assert _public_api(dst) == _public_api(src), f"{dst.relative_to(ROOT)} and its solution differ in API"
+        if dst.relative_to(ROOT).as_posix() not in learner:  # a learner may add helpers of their own
+            assert _public_api(dst) == _public_api(src), f"{dst.relative_to(ROOT)} and its solution differ in API"
 
 
 def test_every_exercise_has_markers_and_every_marker_an_exercise():
@@ -110,15 +203,27 @@ def test_learner_and_solution_code_come_from_their_own_folders():
 
 
 def test_a_checkout_elsewhere_is_graded_from_there(tmp_path):
-    shutil.copytree(ROOT / "phase1_data_parallel", tmp_path / "phase1_data_parallel")
+    _pristine_checkout(tmp_path)
     shutil.copy(ROOT / "solutions" / "phase1_data_parallel" / "comm_bench.py", tmp_path / "phase1_data_parallel")
     report = tmp_path / "grades.json"
     proc = subprocess.run([sys.executable, "tests/grade.py", "--checkout", str(tmp_path), "--json", str(report),
                            "-k", "1_3_bandwidths or 1_3_fit or 1_1_bad"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.stdout.startswith(f"GRADING YOUR CODE: the phase folders of {tmp_path}"), proc.stdout[:500]
-    rows = {r["exercise"]: r["status"] for r in json.loads(report.read_text())["exercises"]}
-    assert rows == {"1.1": "todo", "1.3": "pass"}, (rows, proc.stdout[-2000:])
+    out = proc.stdout
+    assert out.startswith(f"grading the learner checkout {tmp_path}: its phase folders"), out[:500]
+    got = json.loads(report.read_text())
+    rows = {r["exercise"]: r["status"] for r in got["exercises"]}
+    assert rows == {"1.1": "todo", "1.3": "pass"}, (rows, out[-2000:])
+    assert set(got) == {"graded", "exercises", "counts", "tests", "durations"}, "no field the docs do not explain"
+    assert got["counts"] == {"pass": 1, "fail": 0, "todo": 1}, got["counts"]
+    # the console: every test named once, each TODO hint once and whole, the verdict last
+    for nodeid in got["tests"]:
+        assert out.count(nodeid.split("::")[-1] + "\n") == 1, (nodeid, out[-3000:])
+    hint = next(line for line in out.splitlines() if line.strip().startswith("TODO 1.1:")).strip()
+    assert out.count(hint) == 1 and hint.endswith(tuple("abcdefghijklmnopqrstuvwxyz)")), out[-3000:]
+    assert "YOUR CODE" not in out and "short test summary" not in out, out[-3000:]
+    assert out.strip().splitlines()[-1] == (f"1/2 exercises pass (0 FAIL, 1 TODO); the table and every test's "
+                                            f"outcome are in {report}"), out[-1000:]
 
 
 def test_asking_for_code_that_python_did_not_load_is_an_error(tmp_path):
@@ -134,14 +239,60 @@ def test_todo_is_recognised_directly_and_behind_a_world():
     assert grading.todo_of(AssertionError("TODO 1.1")) is None
 
 
-def test_learner_run_reports_todo_without_tracebacks():
-    proc = subprocess.run([sys.executable, "tests/test_phase1.py", "-k", "1_3_bandwidths or 1_1_bad"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+def test_learner_run_reports_todo_without_tracebacks(tmp_path):
+    _pristine_checkout(tmp_path)
+    proc = subprocess.run([sys.executable, "tests/test_phase1.py", "-k", "1_3_bandwidths or 1_1_bad",
+                           f"--learner-root={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     out = proc.stdout
     assert out.startswith("GRADING YOUR CODE"), out[:300]
     assert "TODO 1.3:" in out and "phase1_data_parallel/guidelines.md, section 1.3" in out, out
     assert "Traceback" not in out and "raise NotImplementedError" not in out, out
+    assert out.count("TODO 1.1: ") == 1 and "TODO 1.1, as above" in out, "each hint in full once"
     assert proc.returncode == 1
+    # it ends with the table and a verdict counting TODO apart from FAIL; no pytest summary after them
+    tail = out[out.rindex("exercise status"):].strip().splitlines()
+    assert tail[-1] == "0/2 exercises pass (0 FAIL, 2 TODO); next: exercise 1.1, read " \
+                       "phase1_data_parallel/guidelines.md, section 1.1", out[-1500:]
+    assert "short test summary" not in out and not any(line.startswith("FAILED") for line in tail), out[-1500:]
+
+
+def test_a_failing_exercise_opens_with_one_line_per_function():
+    """A negative control breaks one function of 1.2 (recursive doubling on 3 and 6 ranks): the
+    report says the two other strategies are ok, names the broken one, and shows each kind of
+    message once across world sizes."""
+    control = ROOT / "tests" / "negative_controls" / "phase1" / "allreduce_doubling_drops_extra_ranks.py"
+    proc = subprocess.run([sys.executable, "tests/test_phase1.py", "-k", "1_2", f"--override=1.2={control}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = proc.stdout
+    report = out[out.index("1.2 All-reduce strategies from primitives: FAIL"):].splitlines()
+    assert report[0] == "1.2 All-reduce strategies from primitives: FAIL, 4 of 6 tests pass", report[:5]
+    functions = [line.split() for line in report[1:4]]
+    assert [f[:2] for f in functions] == [["allreduce_reduce_broadcast", "ok"], ["allreduce_gather_sum", "ok"],
+                                          ["allreduce_recursive_doubling", "WRONG:"]], report[:5]
+    assert report[3].split("WRONG: ", 1)[1].startswith("recursive_doubling("), report[3]
+    kinds = [line for line in report if line.startswith("  - ")]
+    assert 1 <= len(kinds) <= 3, kinds  # one line per kind of message, not one per case and rank
+    assert all("test_1_2_strategies_equal_dist_all_reduce[3, 6]" in line for line in kinds), kinds
+    assert out.strip().splitlines()[-1].startswith("0/1 exercises pass (1 FAIL, 0 TODO); next: fix 1.2"), out[-500:]
+
+
+def test_the_report_puts_the_most_specific_failure_first():
+    """A callee's failure comes before its callers' (it is their cause); collapsed messages
+    keep their first instance whole."""
+    row = {"exercise": "3.1", "title": "Ring", "status": "fail", "passed": 1, "tests": 4}
+    caller = "ring_all_reduce(float32, shape (6,), op='sum') on rank {r} of {p}: the whole tensor differs"
+    callee = "ring_reduce_scatter(float32, shape (6,), op='sum') on rank {r} of {p}: this rank's own chunk differs"
+    records = [{"test": f"test_3_1_x[{p}]", "outcome": "fail", "where": None,
+                "lines": [caller.format(r=r, p=p) for r in range(p)] + [callee.format(r=r, p=p) for r in range(p)]}
+               for p in (2, 3)] + [{"test": "test_3_1_y", "outcome": "pass", "lines": [], "where": None}]
+    lines = grading.exercise_report(row, records)
+    assert lines[1].split() == ["ring_neighbours", "ok"], lines
+    assert lines[2].startswith("  ring_reduce_scatter  WRONG: ring_reduce_scatter(float32, shape (6,), op='sum') "
+                               "on rank 0 of 2"), lines
+    assert "fix that first" in lines[4] and lines[4].lstrip().startswith("ring_all_reduce"), lines
+    kinds = [line for line in lines if line.startswith("  - ")]
+    assert kinds == [f"  - {callee.format(r=0, p=2)}  [5x in test_3_1_x[2, 3]]",
+                     f"  - {caller.format(r=0, p=2)}  [5x in test_3_1_x[2, 3]]"], kinds
 
 
 def test_make_template_points_imports_of_other_phases_at_the_learners_own_code():

@@ -85,7 +85,7 @@ def check_controls(test_file: Path, controls: list[dict]) -> list[str]:
 
 def _verdict(control: dict, report: dict) -> str | None:
     """Print whether this control was rejected; return the problem if it was not."""
-    mine = {k: v for k, v in report["tests"].items() if report["controls"].get(k) == control["path"].stem}
+    mine = {k: v for k, v in report["tests"].items() if report.get("controls", {}).get(k) == control["path"].stem}
     problems, deaths = [], []
     for name in control["CAUGHT_BY"]:
         results = [v for k, v in mine.items() if k.split("::")[-1].split("[")[0] == name]

@@ -2,6 +2,12 @@
 
     python tools/make_templates.py            # regenerate phaseN_*/ *.py from solutions/
     python tools/make_templates.py --check    # CI: fail if a committed template differs
+    python tools/make_templates.py --force    # also overwrite exercise regions holding your code
+                                              # (each such file is first copied to <file>.bak-<time>)
+
+A template whose exercise region holds something other than its TODO stub (a learner's
+work) is never overwritten without --force: the command stops, names the files, and
+writes nothing.
 
 In a solution file, an exercise body is fenced by two comments:
 
@@ -27,7 +33,9 @@ import argparse
 import ast
 import difflib
 import re
+import shutil
 import sys
+import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +43,7 @@ SOLUTIONS = REPO_ROOT / "solutions"
 
 BEGIN = re.compile(r"^(?P<indent>\s*)# EXERCISE (?P<id>\d+\.\d+): (?P<hint>.+?)\s*$")
 END = re.compile(r"^\s*# END EXERCISE\s*$")
+STUB = re.compile(r"""^\s*raise NotImplementedError\((?P<q>['"])TODO (?P<id>\d+\.\d+): .*(?P=q)\)\s*$""")
 
 
 class MarkerError(ValueError):
@@ -99,27 +108,80 @@ def template_pairs() -> list[tuple[Path, Path]]:
     return [(src, REPO_ROOT / src.relative_to(SOLUTIONS)) for src in sorted(SOLUTIONS.glob("phase*/*.py"))]
 
 
-def main(argv: list[str] | None = None) -> int:
+def learner_regions(template: str, current: str) -> list[str]:
+    """Ids of the exercises whose region in `current` (a template file as it is on disk) holds
+    something other than a TODO stub, compared with `template` (as generated now): code
+    written in place of the stub or just before it. A stub whose hint changed is still a stub."""
+    expected, actual = template.splitlines(), current.splitlines()
+    stubs = {i: m["id"] for i, m in ((i, STUB.match(line)) for i, line in enumerate(expected)) if m}
+    found = set()
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, expected, actual, autojunk=False).get_opcodes():
+        if tag == "equal" or all(STUB.match(line) or not line.strip() for line in actual[j1:j2]):
+            continue  # nothing but stubs (a hint reworded in the solution) or blank lines
+        touched = [i for i in stubs if i1 <= i < i2 or (tag == "insert" and i == i1)]
+        found.update(stubs[i] for i in touched)
+    return sorted(found, key=lambda ex: tuple(int(p) for p in ex.split(".")))
+
+
+def templates_with_learner_code(root: Path = REPO_ROOT) -> dict[str, list[str]]:
+    """{template path relative to `root`: exercise ids} for the templates under `root` whose
+    exercise regions hold a learner's code (see learner_regions)."""
+    found = {}
+    for src, dst in template_pairs():
+        dst = root / dst.relative_to(REPO_ROOT)
+        if dst.exists():
+            expected = make_template(src.read_text(), str(src.relative_to(REPO_ROOT)))
+            regions = learner_regions(expected, dst.read_text())
+            if regions:
+                found[dst.relative_to(root).as_posix()] = regions
+    return found
+
+
+def _describe(found: dict[str, list[str]]) -> str:
+    return ", ".join(f"{path} ({', '.join(ids)})" for path, ids in found.items())
+
+
+def main(argv: list[str] | None = None, root: Path = REPO_ROOT) -> int:
+    """`root`: the checkout whose templates are written or checked (tests use a copy)."""
     parser = argparse.ArgumentParser(description="Generate templates from solutions.")
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 on any difference")
+    parser.add_argument("--force", action="store_true",
+                        help="also overwrite templates whose exercise regions hold your code (a copy is kept)")
     args = parser.parse_args(argv)
-    stale = []
+    stale, writes, learner = [], [], {}
     for src, dst in template_pairs():
+        dst = root / dst.relative_to(REPO_ROOT)
+        name = dst.relative_to(root).as_posix()
         expected = make_template(src.read_text(), str(src.relative_to(REPO_ROOT)))
         current = dst.read_text() if dst.exists() else None
         if current == expected:
             continue
+        if current is not None and learner_regions(expected, current):
+            learner[name] = learner_regions(expected, current)
         if args.check:
             stale.append(dst)
             diff = difflib.unified_diff((current or "").splitlines(True), expected.splitlines(True),
-                                        str(dst.relative_to(REPO_ROOT)), "regenerated", n=1)
+                                        name, "regenerated", n=1)
             sys.stdout.writelines(list(diff)[:40])
         else:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            dst.write_text(expected)
-            print(f"wrote {dst.relative_to(REPO_ROOT)}")
+            writes.append((dst, name, expected))
+    if learner and not args.check and not args.force:
+        print(f"error: not overwriting your code in the exercise regions of {_describe(learner)}; "
+              "nothing was written (run with --force to overwrite them, keeping a copy of each)", file=sys.stderr)
+        return 1
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for dst, name, expected in writes:
+        if name in learner:
+            backup = dst.with_name(f"{dst.name}.bak-{stamp}")
+            shutil.copy2(dst, backup)
+            print(f"kept your version of {name} as {backup.relative_to(root).as_posix()}")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_text(expected)
+        print(f"wrote {name}")
     if stale:
-        print(f"\n{len(stale)} template(s) differ from their solutions: run `python tools/make_templates.py` and commit")
+        mine = f" ({len(learner)} of them hold learner code: {_describe(learner)})" if learner else ""
+        print(f"\n{len(stale)} template(s) differ from their solutions{mine}: "
+              "run `python tools/make_templates.py` and commit")
         return 1
     if args.check:
         print("templates are up to date")
