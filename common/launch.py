@@ -34,6 +34,7 @@ torchrun.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import faulthandler
 import multiprocessing as mp
 import multiprocessing.connection
@@ -57,6 +58,10 @@ START_TIMEOUT_S = float(os.environ.get("COURSE_WORLD_START_TIMEOUT", "120"))
 # Collectives time out later than the world, so a deadlock is reported by the
 # stack dump of every rank (useful) rather than by one rank's gloo timeout.
 _PG_TIMEOUT_MARGIN_S = 60.0
+HEARTBEAT_S = 15.0  # a world still running after this long says so, then every HEARTBEAT_S
+# Where those lines go (None: nowhere). The grading plugin points it at the terminal, so a
+# learner waiting for a deadlock's deadline sees that the run is alive.
+heartbeat: Callable[[str], None] | None = None
 _CAN_SIGNAL = hasattr(signal, "SIGUSR1")
 _HAS_GROUPS = hasattr(os, "setpgid") and hasattr(os, "killpg")  # POSIX process groups
 
@@ -102,8 +107,15 @@ def run_world(
     *,
     timeout: float | None = None,
     env: dict[str, str] | None = None,
+    forward_signals: tuple[int, ...] = (),
 ) -> list[Any]:
-    """Run `fn(*args, **kwargs)` on ranks 0..world_size-1; return their results in rank order."""
+    """Run `fn(*args, **kwargs)` on ranks 0..world_size-1; return their results in rank order.
+
+    forward_signals: signals this process passes on to every rank while the world runs (a
+    program's SIGTERM and SIGINT, for ranks that stop cleanly on them); a second SIGINT
+    raises KeyboardInterrupt here instead, and the ranks are killed (Ctrl-C twice: stop now).
+    Only from the main thread; a signal that comes before a rank has started reaches it once
+    it has (ranks are in process groups of their own, so a terminal's Ctrl-C reaches only us)."""
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     if "<locals>" in getattr(fn, "__qualname__", "<locals>"):
@@ -135,10 +147,12 @@ def run_world(
         for rank in range(world_size)
     ]
     reaped: set[int] = set()  # ranks already joined (and their groups killed)
+    forwarder = _SignalForwarder(procs, run_dir, forward_signals)
     try:
-        for p in procs:
-            p.start()
-        _wait_for_world(procs, run_dir, start_deadline, timeout, reaped)
+        with forwarder:
+            for p in procs:
+                p.start()
+            _wait_for_world(procs, run_dir, start_deadline, timeout, reaped, forwarder)
         return [_load(run_dir / f"rank{r}.result") for r in range(world_size)]
     finally:
         started = [r for r, p in enumerate(procs) if p.pid is not None]
@@ -183,17 +197,68 @@ def _kill_rank(p) -> None:
         p.kill()
 
 
-def _wait_for_world(procs, run_dir: Path, start_deadline: float, timeout: float, reaped: set[int]) -> None:
+class _SignalForwarder:
+    """While the world runs: each of `signals` that reaches this process is sent on to every
+    rank that has started its code (a rank still starting up gets it once it has: see
+    `deliver`, called by the wait loop); a second SIGINT raises KeyboardInterrupt."""
+
+    def __init__(self, procs, run_dir: Path, signals: tuple[int, ...]):
+        self.procs, self.run_dir, self.signals = procs, run_dir, tuple(signals)
+        self.pending: list[int] = []
+        self.sent: dict[int, int] = {}  # rank -> how many of `pending` it has been sent
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "_SignalForwarder":
+        if self.signals and threading.current_thread() is threading.main_thread():
+            for sig in self.signals:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if signum == getattr(signal, "SIGINT", None) and signal.SIGINT in self.pending:
+            raise KeyboardInterrupt
+        self.pending.append(signum)
+        self.deliver()
+
+    def deliver(self) -> None:
+        """Send every rank that has started the signals it has not been sent yet."""
+        for rank, p in enumerate(self.procs):
+            if p.pid is None or not (self.run_dir / f"rank{rank}.started").exists():
+                continue
+            for signum in self.pending[self.sent.get(rank, 0):]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signum)
+            self.sent[rank] = len(self.pending)
+
+
+def _wait_for_world(procs, run_dir: Path, start_deadline: float, timeout: float, reaped: set[int],
+                    forwarder: _SignalForwarder | None = None) -> None:
     running = {p.sentinel: rank for rank, p in enumerate(procs)}
     work_deadline = None  # set once every rank has joined the group and runs the code
+    next_heartbeat = None
     while running:
+        if forwarder is not None and forwarder.pending:
+            forwarder.deliver()
         now = time.time()
         if work_deadline is None and all((run_dir / f"rank{r}.started").exists() for r in range(len(procs))):
-            work_deadline = now + timeout
+            work_deadline, next_heartbeat = now + timeout, now + HEARTBEAT_S
         remaining = (work_deadline or start_deadline) - now
         if remaining <= 0:
             _raise_timeout(procs, run_dir, timeout if work_deadline else START_TIMEOUT_S)
-        poll = remaining if work_deadline else min(remaining, 0.1)  # until then, watch for the start
+        if heartbeat is not None and next_heartbeat is not None and now >= next_heartbeat and remaining > 1.0:
+            waiting = sorted(running.values())
+            heartbeat(f"[{time.strftime('%H:%M:%S')}] world of {len(procs)}: ranks {waiting} still running after "
+                      f"{now - (work_deadline - timeout):.0f} s; if they are stuck, the deadline in {remaining:.0f} s "
+                      "reports where each one waits")
+            next_heartbeat = now + HEARTBEAT_S
+        # until every rank has started, watch for that (and deliver signals that came early)
+        poll = remaining if work_deadline else min(remaining, 0.1)
+        if heartbeat is not None and next_heartbeat is not None:
+            poll = max(min(poll, next_heartbeat - now), 0.0)
         for sentinel in mp.connection.wait(list(running), timeout=poll):
             rank = running.pop(sentinel)
             _kill_rank(procs[rank])  # it has exited: nothing it started may outlive it
@@ -380,7 +445,7 @@ def _rank_main(rank, world_size, fn, args, kwargs, port, run_dir, deadline, time
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-        OMP_NUM_THREADS="1",
+        OMP_NUM_THREADS="1", COURSE_LAUNCHER_PID=str(caller_pid),
     )
     os.environ.update(env)
 
@@ -453,12 +518,14 @@ def _exit_now(code: int) -> None:
 # ------------------------------------------------------------ command lines
 
 
-def run_or_join(fn: Callable[..., Any], nproc: int, args: tuple = (), *, timeout: float | None = None):
+def run_or_join(fn: Callable[..., Any], nproc: int, args: tuple = (), *, timeout: float | None = None,
+                forward_signals: tuple[int, ...] = ()):
     """For command-line programs: return rank 0's result of `fn(*args)`.
 
     Under torchrun (RANK is set) this process *is* a rank: it joins the group, runs
-    `fn`, and returns the result on rank 0 and None elsewhere. Otherwise it starts
-    `nproc` ranks on this machine with `run_world`.
+    `fn`, and returns the result on rank 0 and None elsewhere (torchrun's agent forwards
+    signals itself). Otherwise it starts `nproc` ranks on this machine with `run_world`,
+    which passes `forward_signals` on to them.
     """
     if "RANK" in os.environ:
         import torch.distributed as dist
@@ -472,7 +539,7 @@ def run_or_join(fn: Callable[..., Any], nproc: int, args: tuple = (), *, timeout
         finally:
             cleanup_distributed()
         return result if info.is_main else None
-    return run_world(fn, nproc, args=args, timeout=timeout)[0]
+    return run_world(fn, nproc, args=args, timeout=timeout, forward_signals=forward_signals)[0]
 
 
 USER_ERRORS = (FileNotFoundError, ValueError, NotImplementedError)

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -126,6 +127,18 @@ def pytest_configure(config):
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(config._course_graded, bold=True)
+        common.launch.heartbeat = _terminal_writer(config, reporter)
+
+
+def _terminal_writer(config, reporter):
+    """A line on the terminal now, past pytest's output capture: a world waiting for its
+    deadline (a deadlock, most often) says that it is alive."""
+    capture = config.pluginmanager.get_plugin("capturemanager")
+
+    def write(line: str) -> None:
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            reporter.write_line(line)
+    return write
 
 
 def pytest_report_header(config):

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
 import common.launch
+import common.launch
 from common.launch import WorldError, WorldTimeout, run_world
 
 
@@ -114,6 +115,17 @@ def test_a_deadlock_reports_every_rank_and_leaves_no_process(tmp_path):
     assert "recv" in message, message
     pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
     assert len(pids) == 2 and not _gone_soon(pids), "a rank outlived the world"
+
+
+def test_a_world_waiting_for_its_deadline_says_it_is_alive(tmp_path, monkeypatch):
+    """A learner watching a deadlocked test is told, every HEARTBEAT_S, that the run is alive
+    and when the deadline will say where each rank waits."""
+    lines: list[str] = []
+    monkeypatch.setattr(common.launch, "heartbeat", lines.append)
+    monkeypatch.setattr(common.launch, "HEARTBEAT_S", 1.0)
+    with pytest.raises(WorldTimeout):
+        run_world(_deadlock, 2, args=(str(tmp_path),), timeout=4)
+    assert lines and all("ranks [0, 1] still running" in line and "deadline" in line for line in lines), lines
 
 
 def _loading_when_peer_raises(pid_dir: str):

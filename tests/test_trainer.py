@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import fields
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import pytest
 import torch
 
 from common.launch import run_world
-from common.torchrun import run_agent
+from common.torchrun import Torchrun, run_agent
 from solutions.phase4_production.checkpoint import load_verified
 from solutions.phase4_production.config import RECIPES, TrainConfig, build_parser, load_recipe, parse_config
 from solutions.phase4_production.train_data import SeededSamples
@@ -106,6 +107,82 @@ def test_trainer_fail_at_step_recovers_to_the_same_weights(base):
     assert code == 0, output[-4000:]
     assert "attempt 1: resuming at step 3" in output, output[-4000:]
     assert fingerprint_of(output) == reference(base), "--fail-at-step changed the final weights"
+    assert re.search(r"^\[fault injector\] kill at rank=1,step=5", output, re.M), \
+        f"the injector's line is not on a line of its own:\n{output[-4000:]}"
+    assert "attempt 1 is a planned restart" in output, f"nothing says the kill was planned:\n{output[-4000:]}"
+
+
+def test_trainer_sigterm_with_loader_workers_saves_at_the_next_step_and_resumes(base):
+    """torchrun sends SIGTERM to each worker's whole process group, loader workers included:
+    they must not die of it mid-step, the rank stops at the boundary and shuts them down."""
+    out = base / "preempted-workers"
+    output, _ = torchrun(out, "--workers", "2", faults="rank=0,step=6,phase=forward,action=term", restarts=1)
+    assert "preempted at step 7 of 22" in output, output[-4000:]  # the agent itself exits 1 on a signal
+    assert "killed by signal" not in output, output[-4000:]
+    again = launch(out, "--workers", "2")
+    assert "resuming at step 7 of 22" in again.stdout, again.stdout + again.stderr[-3000:]
+    assert fingerprint_of(again.stdout) == reference(base)
+
+
+@pytest.mark.parametrize("action", ["term", "int"])
+def test_the_launcher_forwards_sigterm_and_sigint_to_its_ranks(base, tmp_path, action):
+    """`python -m ...train` without torchrun, as `docker stop`, `timeout` or Ctrl-C stop it:
+    the ranks save at the next step boundary, exit 0, and the rerun resumes from there."""
+    first = launch(tmp_path, faults=f"rank=1,step=4,phase=forward,action={action}")
+    assert first.returncode == 0, f"exit code {first.returncode}:\n{first.stdout}\n{first.stderr[-3000:]}"
+    assert "preempted at step 5 of 22" in first.stdout, first.stdout + first.stderr[-3000:]
+    assert "Traceback" not in first.stderr, first.stderr[-3000:]
+    again = launch(tmp_path)
+    assert "resuming at step 5 of 22" in again.stdout, again.stdout + again.stderr[-3000:]
+    assert fingerprint_of(again.stdout) == reference(base)
+
+
+def test_a_preemption_at_an_epoch_end_saves_before_evaluating(tmp_path):
+    """The grace period does not wait for a pass over the test set: the stop flag is read
+    first, and the skipped evaluation runs when the run resumes."""
+    first = launch(tmp_path, "--epochs", "2", faults="rank=0,step=21,phase=forward,action=term")
+    assert "preempted at step 22 of 44" in first.stdout, first.stdout + first.stderr[-3000:]
+    events = [json.loads(line)["event"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert "eval" not in events, f"the preempted run evaluated before leaving: {events}"
+    again = launch(tmp_path, "--epochs", "2", "--max-steps", "22")
+    assert "resuming at step 22 of 44" in again.stdout and "epoch 0: test accuracy" in again.stdout, \
+        again.stdout + again.stderr[-3000:]
+
+
+def test_a_second_ctrl_c_stops_the_launcher_at_once(base, tmp_path):
+    """The first SIGINT asks for a save at the next boundary; a second one, during that save,
+    stops everything at once: exit 130, one line, no process left, the save never lands."""
+    faults = "rank=0,step=4,phase=forward,action=int;rank=0,step=4,phase=save,action=int"
+    first = launch(tmp_path, faults=faults)
+    assert first.returncode == 130, f"exit code {first.returncode}:\n{first.stdout}\n{first.stderr[-3000:]}"
+    assert "interrupted twice" in first.stderr and "Traceback" not in first.stderr, first.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*.pt")) == ["step_000000003.pt"]
+    again = launch(tmp_path)
+    assert "resuming at step 3 of 22" in again.stdout, again.stdout + again.stderr[-3000:]
+    assert fingerprint_of(again.stdout) == reference(base)
+
+
+def test_no_worker_outlives_a_sigkilled_torchrun_agent(base, tmp_path):
+    """An agent SIGKILLed (OOM killer, a container runtime losing its main process) cannot
+    stop its workers, which run in sessions of their own: they must end by themselves,
+    without writing, and a relaunch resumes and ends on the uninterrupted run's weights."""
+    out = tmp_path / "orphaned"
+    with Torchrun(timeout=240, env={**ENV, "COURSE_FAULTS": "rank=0,step=7,phase=forward,action=kill-launcher"},
+                  cwd=ROOT) as job:
+        agent = job.start(["--standalone", "--nproc-per-node=2", "--max-restarts=0", "-m", MODULE,
+                           "--output-dir", str(out), *FLAGS, "--workers", "1"])
+        agent.proc.wait(timeout=200)
+        gone_by = time.monotonic() + 5.0
+        while job.processes() and time.monotonic() < gone_by:  # polled: the deadline is the promise
+            time.sleep(0.05)
+        left = job.processes()
+        assert not left, f"processes {left} of the job outlived its SIGKILLed agent by 5 s:\n{agent.tail()}"
+    assert "final weights" not in agent.output, agent.output[-3000:]
+    assert max(p.name for p in (out / "checkpoints").glob("step_*.pt")) == "step_000000006.pt", \
+        f"an orphaned worker wrote a checkpoint:\n{agent.output[-3000:]}"
+    output, code = torchrun(out, restarts=0)
+    assert code == 0 and "resuming at step 6 of 22" in output, output[-4000:]
+    assert fingerprint_of(output) == reference(base)
 
 
 def test_trainer_sigterm_saves_at_the_next_step_and_resumes(base):
@@ -132,13 +209,48 @@ def test_trainer_skips_a_corrupt_checkpoint(base):
     assert (folder / f"{newest.name}.corrupt").is_file(), "the corrupt checkpoint was not kept aside"
 
 
+def test_trainer_sets_aside_whatever_else_is_named_like_a_checkpoint(base, tmp_path):
+    """Folders, links to nothing, files of other formats (and, for a non-root user, files it
+    may not read) under a checkpoint's name: one warning each, the newest valid one is used."""
+    assert launch(tmp_path, "--max-steps", "6").returncode == 0  # step_3, step_6
+    folder = tmp_path / "checkpoints"
+    (folder / "step_000000099.pt").mkdir()
+    (folder / "step_000000098.pt").symlink_to(tmp_path / "nowhere")
+    (folder / "step_000000097.pt").write_text("not a checkpoint\n")
+    strays = ["step_000000099.pt", "step_000000098.pt", "step_000000097.pt"]
+    if os.geteuid() != 0:  # root may read anything
+        (folder / "step_000000096.pt").write_bytes((folder / "step_000000006.pt").read_bytes())
+        (folder / "step_000000096.pt").chmod(0)
+        strays.append("step_000000096.pt")
+    proc = launch(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resuming at step 6 of 22" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    for name in strays:
+        assert name in proc.stderr, f"nothing said about {name}:\n{proc.stderr[-3000:]}"
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert fingerprint_of(proc.stdout) == reference(base)
+    assert (folder / "step_000000099.pt.unusable").is_dir(), sorted(p.name for p in folder.iterdir())
+
+
+def test_a_loss_that_becomes_nan_stops_the_run_and_is_never_saved(tmp_path):
+    proc = launch(tmp_path, "--model", "mlp", "--lr", "100", "--reference-batch", "1", "--checkpoint-every", "1")
+    _one_line_error(proc, "became", "at step", "last good state")
+    step = int(re.search(r"at step (\d+)", proc.stderr).group(1))
+    saved = sorted((tmp_path / "checkpoints").glob("step_*.pt"))
+    assert saved and int(saved[-1].stem.split("_")[1]) < step, (step, [p.name for p in saved])
+    for path in saved:
+        state = load_verified(path)
+        assert all(t.isfinite().all() for t in state["model"].values() if t.is_floating_point()), \
+            f"{path.name} holds NaN or infinite weights"
+
+
 def test_trainer_keeps_its_new_checkpoints_when_every_old_one_is_corrupt(base, tmp_path):
     """keep-last-k must not count corrupt files: they would outrank, and prune, every new save."""
     assert launch(tmp_path, "--max-steps", "12").returncode == 0  # keeps steps 6, 9, 12
     for path in (tmp_path / "checkpoints").glob("step_*.pt"):
         path.write_bytes(path.read_bytes()[:1000])
     second = launch(tmp_path, "--max-steps", "5")
-    assert second.returncode == 0 and "starting of 22" in second.stdout, second.stdout + second.stderr[-3000:]
+    assert second.returncode == 0 and "starting at step 0 of 22" in second.stdout, second.stdout + second.stderr[-3000:]
     third = launch(tmp_path)
     assert "resuming at step 5 of 22" in third.stdout, third.stdout + third.stderr[-3000:]
     assert fingerprint_of(third.stdout) == reference(base)
@@ -259,6 +371,64 @@ def test_trainer_rejects_bad_flags_in_one_line(capsys, monkeypatch, flags, needl
     _one_line_error(subprocess.CompletedProcess([], exit_.value.code, "", capsys.readouterr().err), *needles)
 
 
+# At least one bad value for every option of --help: ranges (NaN and infinity included),
+# choices, booleans, kinds of path. "FILE" stands for an existing regular file.
+BAD_VALUES = {
+    "config": ["no_such_recipe.toml"], "dataset": ["mnist"], "data_root": ["/no/such/folder", "FILE"],
+    "image_size": ["4", "abc"], "synthetic_size": ["0"], "workers": ["-1"], "model": ["resnet9000"],
+    "channels_last": ["maybe"], "compile": ["maybe"], "epochs": ["0", "1.5"], "global_batch": ["0"],
+    "micro_batch": ["0"], "optimizer": ["adam"], "lr": ["inf", "nan", "0", "-0.1"], "reference_batch": ["0"],
+    "momentum": ["1.0", "nan"], "weight_decay": ["-0.1", "inf"], "warmup_epochs": ["nan", "-1"],
+    "label_smoothing": ["1.5", "-0.1"], "grad_clip": ["-1", "inf"], "amp": ["fp8"], "compression": ["zip"],
+    "compression_rank": ["0"], "topk_ratio": ["0", "1.5"], "compression_start": ["-1"],
+    "seed": ["-1", "4294967296"], "deterministic": ["maybe"], "output_dir": ["FILE", "FILE/below"],
+    "checkpoint_every": ["0"], "keep": ["0"], "fail_at_step": ["-1"], "fail_rank": ["-1"], "log_every": ["0"],
+    "straggler_every": ["0"], "straggler_threshold": ["0", "nan"], "profile_steps": ["-1"],
+    "tensorboard": ["maybe"], "progress": ["maybe"], "max_steps": ["0"], "device": ["tpu"], "nproc": ["0"],
+    "timeout": ["0", "nan", "inf"],
+}
+
+
+def test_every_option_refuses_a_bad_value_in_one_line(tmp_path, capsys):
+    options = {action.dest for action in build_parser()._actions if action.option_strings and action.dest != "help"}
+    assert options == set(BAD_VALUES), f"options without a bad value here: {sorted(options - set(BAD_VALUES))}"
+    regular = tmp_path / "a_file"
+    regular.write_text("x")
+    for name, values in BAD_VALUES.items():
+        flag = "--" + name.replace("_", "-")
+        for value in values:
+            value = value.replace("FILE", str(regular))
+            with pytest.raises(SystemExit) as exit_:
+                parse_config([flag, value])
+            err = capsys.readouterr().err
+            lines = [line for line in err.splitlines() if line.strip()]
+            assert exit_.value.code == 2 and len(lines) == 1 and flag in lines[0], \
+                f"{flag} {value}: exit {exit_.value.code}, expected one line naming {flag}:\n{err}"
+    recipe = tmp_path / "nan.toml"
+    recipe.write_text("lr = nan\n")
+    with pytest.raises(SystemExit):
+        parse_config(["--config", str(recipe)])
+    assert "--lr" in capsys.readouterr().err, "a recipe's value is not checked like the flag's"
+
+
+def test_device_refuses_fewer_gpus_than_local_ranks(monkeypatch):
+    from solutions.phase4_production.train import choose_training_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.delenv("COURSE_BACKEND", raising=False)
+    with pytest.raises(ValueError, match="2 ranks on this node but 1 GPU"):
+        choose_training_device("auto", 2)
+    choose_training_device("auto", 1)
+    choose_training_device("cpu", 2)
+    assert os.environ.get("COURSE_BACKEND") == "gloo", "--device cpu must pin gloo"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ValueError, match="no GPU is visible"):
+        choose_training_device("cuda", 1)
+    choose_training_device("auto", 2)  # a CPU-only node: gloo, as on a laptop
+
+
 def test_trainer_rejects_a_bad_recipe_key(tmp_path, capsys):
     recipe = tmp_path / "bad.toml"
     recipe.write_text('model = "cnn"\nlearning_rate = 0.1\n')
@@ -357,7 +527,8 @@ def test_every_shipped_recipe_loads_and_flags_override_it():
     assert len(recipes) >= 5, recipes
     for recipe in recipes:
         TrainConfig(**load_recipe(recipe)).validate()
-    config = parse_config(["--config", "imagenet_resnet50_8gpu.toml", "--epochs", "2", "--data-root", "/x"])
+    config = parse_config(["--config", "imagenet_resnet50_8gpu.toml", "--epochs", "2", "--data-root", "/x"],
+                          check_paths=False)
     assert (config.epochs, config.data_root, config.model, config.global_batch) == (2, "/x", "resnet50", 1024)
     assert parse_config([]) == TrainConfig(**load_recipe("digits_cpu.toml")), \
         "digits_cpu.toml documents the defaults: keep them equal"
