@@ -25,6 +25,13 @@ gradients: with equal micro-batches of mean losses, the gradient of one big batc
 world * k micro-batches. (Horovod averages over ranks only and leaves 1/k to the loss:
 its examples call `loss.div_(k)`.)
 
+Collectives pair by call order, not by tensor: if a parameter is unused on one rank
+(a branch its data skipped), that rank's gradients arrive in another order, and
+launching each as it arrives would pair different tensors of equal size silently. So
+every rank launches in one fixed order (reverse registration, as 3.2's buckets), each
+all-reduce once it and all before it are ready; Horovod's coordinator negotiates
+instead (guidelines, 3.5).
+
 Horovod fuses these per-tensor requests in a fusion buffer (HOROVOD_FUSION_THRESHOLD,
 128 MiB by default since Horovod 0.21) before they reach the wire: exercise 3.2's buckets.
 """
@@ -49,11 +56,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
     Contract, per step (every rank runs the same passes on its own data):
       * backward passes 1..k-1 (k = backward_passes_per_step) accumulate into .grad
         locally and communicate nothing;
-      * during pass k, each parameter's gradient is all-reduced (asynchronously, SUM) as
-        soon as autograd has accumulated it, so communication overlaps the rest of backward;
-      * step() waits for every all-reduce, divides by world_size * k, then steps the
-        wrapped optimizer: .grad = mean over ranks and passes. A parameter whose gradient
-        did not arrive k times is all-reduced in step() (a missing .grad counts as zeros);
+      * during pass k, gradients are all-reduced (asynchronously, SUM) while backward still
+        runs, so communication overlaps the rest of backward;
+      * every rank launches its all-reduces in the SAME order, whatever its data did:
+        collectives pair by call order, so a parameter unused on some ranks only (its
+        gradient arrives on the others, never here) must not change the order. The
+        reference launches in reverse registration order (roughly the order backward
+        produces gradients, as 3.2's buckets), each as soon as it and every parameter
+        before it in that order have their k-th pass;
+      * step() launches what is still missing, in that order (a parameter whose gradient
+        did not arrive k times counts with its .grad as it stands, zeros if None), waits
+        for every all-reduce, divides by world_size * k, then steps the wrapped
+        optimizer: .grad = mean over ranks and passes;
       * a gradient computed more than k times before step() is an error.
 
     zero_grad, state_dict, load_state_dict, param_groups, state and defaults are the
@@ -72,6 +86,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._passes = {p: 0 for p in self._params}  # backward passes that reached p since the last step
         self._pending: list[tuple[torch.Tensor, object]] = []  # (param, Work or None), in launch order
+        self._order = self._params[::-1]  # the launch order, the same on every rank
+        self._launched = 0  # self._order[:self._launched] are launched in this step
         self._hooks = []
         raise NotImplementedError('TODO 3.5: on every parameter of self._params, register a hook that runs once autograd has accumulated its .grad (Tensor.register_post_accumulate_grad_hook) and calls self._on_grad_ready')
 
@@ -80,13 +96,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
         (param, its Work) to self._pending (Work None without other ranks)."""
         raise NotImplementedError('TODO 3.5: all-reduce param.grad in place WITHOUT waiting (async_op=True returns a Work); keep (param, work) in self._pending for step() to wait on')
 
+    def _launch_in_order(self, everything: bool = False) -> None:
+        """Launch, in self._order from self._launched on, every parameter whose k-th pass has
+        arrived, stopping at the first that has not (everything=True: launch all the rest)."""
+        raise NotImplementedError('TODO 3.5: walk self._order from self._launched; self._launch each parameter at its k-th pass (or any, with everything=True); stop at the first that is not ready, so every rank launches in the same order')
+
     def _on_grad_ready(self, param: torch.Tensor) -> None:
-        """Post-accumulate-grad hook: count this pass for `param`; on its k-th pass, self._launch(param)."""
-        raise NotImplementedError('TODO 3.5: count the pass; launch the all-reduce (self._launch) only on the k-th pass of the step; a (k+1)-th pass before step() raises RuntimeError')
+        """Post-accumulate-grad hook: count this pass for `param`; on its k-th pass, launch what
+        is ready in the shared order (self._launch_in_order())."""
+        raise NotImplementedError('TODO 3.5: count the pass; only on the k-th pass of the step, launch what is ready in the shared order (self._launch_in_order); a (k+1)-th pass before step() raises RuntimeError')
 
     def synchronize(self) -> None:
         """Launch the all-reduces still missing, wait for all, and leave the mean in every .grad."""
-        raise NotImplementedError('TODO 3.5: launch the missing ones in one order every rank shares, wait for EVERY Work (its result is in .grad only after wait), divide by world_size * k, reset the pass counts')
+        raise NotImplementedError('TODO 3.5: launch the rest in the shared order (self._launch_in_order(everything=True)), wait for EVERY Work (its result is in .grad only after wait), divide by world_size * k, reset the pass counts and the launch position')
 
     def step(self, closure=None):
         """synchronize(), then the wrapped optimizer's step(). A closure would run backward

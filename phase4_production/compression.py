@@ -253,6 +253,10 @@ def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> Future:
     computes with the same settings. Per compressed matrix M (n x m, this rank's gradient plus
     its error): P = M Q; all-reduce P; orthogonalise P; Q = M^T P; all-reduce Q; Q /= p;
     M <- P Q^T. Uncompressed tensors: one all-reduce of their concatenation, / p.
+    A fresh Q holds torch's numbers (randn on the CPU after seeding with
+    state.rng.randint(1_000_000_000)) but comes from a private torch.Generator: the hook
+    leaves every global generator, CPU and CUDA, as it found it (torch's own hook reseeds
+    every CUDA generator, to the same seed on every rank).
     Returns a Future of the bucket's buffer holding the result."""
     group = state.group()
     buffer = bucket.buffer()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import statistics
 import sys
@@ -152,6 +153,7 @@ PEAK_BF16_FLOPS = (
     (("GH200",), 989e12),
     (("A100",), 312e12),          # SXM4 and PCIe
     (("L40S",), 362e12),
+    (("L40",), 181e12),
     (("L4",), 121e12),
     (("A10G",), 70e12),
     (("A10",), 125e12),
@@ -160,8 +162,11 @@ PEAK_BF16_FLOPS = (
 
 def peak_flops(device_name: str) -> float | None:
     """Dense bf16 peak FLOP/s of a GPU named like torch.cuda.get_device_name() returns
-    ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"); None for a GPU not in the table."""
-    raise NotImplementedError('TODO 4.5: the first row of PEAK_BF16_FLOPS whose every part occurs in the name (ignore case)')
+    ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"); None for a GPU not in the table.
+    The row used is the first of PEAK_BF16_FLOPS whose every part is a whole token of the
+    name, ignoring case; tokens are the runs of letters and digits ("A100-SXM4-40GB":
+    A100, SXM4, 40GB), so "L4" does not match "NVIDIA L40" nor "H200" "NVIDIA GH200"."""
+    raise NotImplementedError('TODO 4.5: the first row of PEAK_BF16_FLOPS whose every part is a whole token of the name (runs of letters and digits, ignore case); see re.findall')
 
 
 def mfu(samples_per_s: float, flops_per_sample: float, peak_flops_per_s: float) -> float:

@@ -10,6 +10,7 @@ What happens on every attempt (torchrun starts one per restart, in fresh process
                           and TORCHELASTIC_RESTART_COUNT, never kept from an earlier attempt
     resume()              the newest checkpoint that verifies, the SAME step on every rank
                           (rank 0 picks, broadcasts); none: a fresh start
+    set_aside_newer()     rank 0 renames the newer ones (corrupt) out of keep-last-k's count
     step s ...            train_step(StepContext) for s = start .. total_steps - 1
     step boundary         PreemptionHandler.should_stop(): every rank's "SIGTERM seen" flag,
                           all-reduced (MAX), so all ranks stop at the same boundary
@@ -20,8 +21,9 @@ it; the new attempt resumes from the newest complete checkpoint. A SIGTERM (pree
 loses nothing: the ranks agree to stop at the next boundary and save there.
 
 FaultInjector kills a chosen rank at a chosen step and phase (forward, backward, allreduce,
-save), on a chosen restart attempt only, or sends SIGTERM to the torchrun agent (a
-deterministic preemption). Spec: "rank=1,step=7,phase=backward[,attempt=0][,action=kill]",
+save), on a chosen restart attempt only, or signals whatever launched the job (the torchrun
+agent, or common.launch's launcher): SIGTERM or SIGINT (a deterministic preemption or
+Ctrl-C), or SIGKILL (a launcher that dies and leaves its ranks orphaned). Spec: "rank=1,step=7,phase=backward[,attempt=0][,action=kill]",
 several joined by ";", e.g. from the environment variable COURSE_FAULTS.
 """
 
@@ -34,6 +36,7 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
@@ -45,7 +48,7 @@ from phase4_production.checkpoint import (CheckpointManager, load_verified, rest
 
 FAULTS_ENV = "COURSE_FAULTS"
 PHASES = ("forward", "backward", "allreduce", "save")
-ACTIONS = ("kill", "term")
+ACTIONS = ("kill", "term", "int", "kill-launcher")
 
 
 # ---------------------------------------------------------------- who am I, this attempt
@@ -84,6 +87,23 @@ def resume(checkpoints: CheckpointManager, model, optimizer, scheduler=None, sca
     every rank loads the SAME step, the one rank 0 found (a shared file system may show
     the ranks different folder listings). map_location defaults to the model's device."""
     raise NotImplementedError('TODO 4.2: rank 0 finds the newest valid step (CheckpointManager.load_latest), every rank loads that same step; see dist.broadcast_object_list')
+
+
+CORRUPT_SUFFIX = ".corrupt"
+
+
+def set_aside_newer(checkpoints: CheckpointManager, resumed: int | None) -> list[Path]:
+    """On rank 0, rename every checkpoint newer than step `resumed` (the one resume() loaded;
+    None: it found none) to its name + CORRUPT_SUFFIX, one warning line each on stderr.
+    Returns the new paths (rank 0; [] on the other ranks).
+
+    resume() loads the newest checkpoint that verifies, so the newer ones failed. Left under
+    their names they would still be counted by keep-last-k, which ranks files by step: with
+    `keep` of them above every step this run saves, each new checkpoint would be the oldest
+    and deleted as soon as it is written, and the next crash would start from scratch.
+    Renamed, not deleted: kept for inspection. Call it after resume(), before the first save.
+    """
+    raise NotImplementedError('TODO 4.2: on rank 0, rename (never delete) every checkpoint of checkpoints.steps() newer than `resumed` (all of them if None) to its name + CORRUPT_SUFFIX, so that keep-last-k stops counting it')
 
 
 # ---------------------------------------------------------------- preemption: SIGTERM -> stop at a boundary
@@ -138,7 +158,8 @@ class PreemptionHandler:
 
 @dataclass(frozen=True)
 class Fault:
-    """Kill (SIGKILL) `rank`, or preempt the job (action "term"), when it reaches `phase` of
+    """Kill (SIGKILL) `rank`, or signal the job's launcher (action "term": SIGTERM, "int":
+    SIGINT, "kill-launcher": SIGKILL), when it reaches `phase` of
     step `step` (0-based) in restart attempt `attempt` (TORCHELASTIC_RESTART_COUNT).
     phase "save" fires while the checkpoint taken at the end of step `step` is being
     written (half its bytes are in the temporary file, the rename has not happened), on
@@ -249,32 +270,64 @@ class FaultInjector:
                 if (f.rank, f.step, f.phase, f.attempt) == (rank, self.step, phase, attempt)]
 
     def _fire(self, fault: Fault) -> None:
-        print(f"[fault injector] {fault.action} at {fault} (pid {os.getpid()})", file=sys.stderr, flush=True)
+        # a line of its own: rank 0's progress bar may be half-way through a line on the terminal
+        print(f"\n[fault injector] {fault.action} at {fault} (pid {os.getpid()})", file=sys.stderr, flush=True)
         sys.stdout.flush()
         if fault.action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        elif fault.action == "kill-launcher":
+            _kill_launcher()
         else:
-            _preempt_via_agent()
+            _signal_via_launcher(signal.SIGTERM if fault.action == "term" else signal.SIGINT)
 
 
-def _preempt_via_agent(timeout_s: float = 60.0) -> None:
-    """SIGTERM the torchrun agent (this worker's parent), as a cluster's preemption would, and
-    return once the agent has forwarded it to this rank and the rank's handler has run: the
-    preemption then lands in a known step, with no sleep in any test."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ:
-        raise RuntimeError("fault action 'term' signals the torchrun agent: run under torchrun")
-    arrived = []
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: arrived.append(signum))
+def _launcher_pid(action: str) -> int:
+    """The process that launched this rank: the torchrun agent (our parent), or the program
+    that called common.launch.run_world (it exports COURSE_LAUNCHER_PID)."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return os.getppid()
+    if "COURSE_LAUNCHER_PID" in os.environ:
+        return int(os.environ["COURSE_LAUNCHER_PID"])
+    raise RuntimeError(f"fault action {action!r} signals the job's launcher: run under torchrun or common.launch")
+
+
+def _kill_launcher(timeout_s: float = 60.0) -> None:
+    """SIGKILL the launcher and return once it is gone (the kernel takes a moment to end a
+    process): from then on this rank trains on as an orphan would, unless it dies with its
+    parent. The orphaning then lands in a known step, with no sleep in any test."""
+    launcher, parent = _launcher_pid("kill-launcher"), os.getppid()
+    os.kill(launcher, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while (os.getppid() == parent if launcher == parent else _pid_exists(launcher)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the launcher (pid {launcher}) did not die within {timeout_s:.0f}s of a SIGKILL")
+        time.sleep(0.01)
+
+
+def _pid_exists(pid: int) -> bool:
     try:
-        os.kill(os.getppid(), signal.SIGTERM)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _signal_via_launcher(signum: int, timeout_s: float = 60.0) -> None:
+    """Send `signum` to the launcher, as a cluster's preemption (or a user's Ctrl-C) would,
+    and return once the launcher has forwarded it to this rank and the rank's handler has
+    run: the signal then lands in a known step, with no sleep in any test."""
+    arrived = []
+    previous = signal.signal(signum, lambda sig, frame: arrived.append(sig))
+    try:
+        os.kill(_launcher_pid(signal.Signals(signum).name), signum)
         deadline = time.monotonic() + timeout_s
         while not arrived:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the torchrun agent did not forward SIGTERM within {timeout_s:.0f}s")
+                raise RuntimeError(f"the launcher did not forward {signal.Signals(signum).name} within {timeout_s:.0f}s")
             time.sleep(0.01)  # a signal ends the sleep; the handler runs in this thread
     finally:
-        signal.signal(signal.SIGTERM, previous)
-    signal.raise_signal(signal.SIGTERM)  # now to the handler the training loop installed
+        signal.signal(signum, previous)
+    signal.raise_signal(signum)  # now to the handler the training loop installed
 
 
 # ---------------------------------------------------------------- the loop
@@ -308,7 +361,9 @@ def run_resumable(train_step: Callable[[StepContext], None], model, optimizer, c
                   on_resume: Callable[[dict], None] | None = None) -> RunOutcome:
     """Run steps [start, total_steps) where start is the step of the newest valid checkpoint
     (0 without one), on every rank of the current process group; the same call starts a
-    run, resumes it after a crash, and does nothing for a finished run.
+    run, resumes it after a crash, and does nothing for a finished run. Checkpoints newer
+    than the one resumed (they failed verification) are set aside (set_aside_newer) before
+    the first save, so that keep-last-k keeps this run's new checkpoints.
 
     Checkpoints (training_state, progress {"step": steps done, **extra_progress()}) are
     saved after every `every` steps, after the last step, and at the step boundary where
@@ -317,4 +372,4 @@ def run_resumable(train_step: Callable[[StepContext], None], model, optimizer, c
     loading a checkpoint (e.g. to put a sampler back at its position). Exceptions (a peer
     died inside a collective) propagate: torchrun then restarts the group.
     """
-    raise NotImplementedError("TODO 4.2: the docstring's contract, composed from resume, PreemptionHandler and the injector (begin_step before each step, saving() around each save); see the module docstring's diagram")
+    raise NotImplementedError("TODO 4.2: the docstring's contract, composed from resume, set_aside_newer, PreemptionHandler and the injector (begin_step before each step, saving() around each save); see the module docstring's diagram")

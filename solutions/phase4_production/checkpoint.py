@@ -235,6 +235,10 @@ def load_verified(path: str | Path, map_location: Any = "cpu") -> Any:
 # ---------------------------------------------------------------- a folder of checkpoints
 
 
+def _readable_file(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.R_OK)
+
+
 class CheckpointManager:
     """Checkpoints of one run in one folder: `save` every N steps, `load_latest` on start.
 
@@ -253,10 +257,20 @@ class CheckpointManager:
         return self.folder / f"step_{step:09d}.pt"
 
     def steps(self) -> list[int]:
-        """Steps of the checkpoint files present (complete by construction), oldest first."""
+        """Steps of the checkpoint files present (complete by construction), oldest first.
+        Only readable regular files (or links to one) count: whatever else a user, a sync
+        tool or another program left under a checkpoint's name is in unusable()."""
+        return sorted(step for step, path in self._named() if _readable_file(path))
+
+    def unusable(self) -> list[Path]:
+        """Entries named like a checkpoint that steps() leaves out: folders, links to
+        nothing, files this process may not read. Never loaded, pruned or overwritten."""
+        return [path for _, path in self._named() if not _readable_file(path)]
+
+    def _named(self) -> list[tuple[int, Path]]:
         if not self.folder.is_dir():
             return []
-        return sorted(int(m.group(1)) for p in self.folder.iterdir() if (m := _NAME.match(p.name)))
+        return [(int(m.group(1)), p) for p in self.folder.iterdir() if (m := _NAME.match(p.name))]
 
     def save(self, step: int, state: dict) -> Path | None:
         """Write `state` as the checkpoint of `step` (rank 0 only); prune to the last `keep`.

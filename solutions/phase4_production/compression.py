@@ -287,6 +287,10 @@ def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> Future:
     computes with the same settings. Per compressed matrix M (n x m, this rank's gradient plus
     its error): P = M Q; all-reduce P; orthogonalise P; Q = M^T P; all-reduce Q; Q /= p;
     M <- P Q^T. Uncompressed tensors: one all-reduce of their concatenation, / p.
+    A fresh Q holds torch's numbers (randn on the CPU after seeding with
+    state.rng.randint(1_000_000_000)) but comes from a private torch.Generator: the hook
+    leaves every global generator, CPU and CUDA, as it found it (torch's own hook reseeds
+    every CUDA generator, to the same seed on every rank).
     Returns a Future of the bucket's buffer holding the result."""
     group = state.group()
     buffer = bucket.buffer()
@@ -314,11 +318,13 @@ def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> Future:
     ps = split.low_rank_views(state.p_memory_dict[index], "p")
     qs = split.low_rank_views(state.q_memory_dict[index], "q")
     if fresh:
-        with torch.random.fork_rng(devices=[]):  # the same Q on every rank, whatever the device
-            torch.manual_seed(state.rng.randint(1_000_000_000))
-            for q in qs:
-                q.copy_(torch.randn(*q.shape, device="cpu", dtype=buffer.dtype))
-                orthogonalize_(q, epsilon)
+        # The same Q on every rank, whatever the device: torch's draw (manual_seed, then randn on
+        # the CPU) from a private generator, so no global generator is touched (torch.manual_seed
+        # would also reseed every CUDA generator, alike on every rank).
+        generator = torch.Generator(device="cpu").manual_seed(state.rng.randint(1_000_000_000))
+        for q in qs:
+            q.copy_(torch.randn(*q.shape, generator=generator, device="cpu", dtype=buffer.dtype))
+            orthogonalize_(q, epsilon)
     else:
         for q in qs:
             orthogonalize_(q, epsilon)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import statistics
 import sys
@@ -172,6 +173,7 @@ PEAK_BF16_FLOPS = (
     (("GH200",), 989e12),
     (("A100",), 312e12),          # SXM4 and PCIe
     (("L40S",), 362e12),
+    (("L40",), 181e12),
     (("L4",), 121e12),
     (("A10G",), 70e12),
     (("A10",), 125e12),
@@ -180,11 +182,14 @@ PEAK_BF16_FLOPS = (
 
 def peak_flops(device_name: str) -> float | None:
     """Dense bf16 peak FLOP/s of a GPU named like torch.cuda.get_device_name() returns
-    ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"); None for a GPU not in the table."""
-    # EXERCISE 4.5: the first row of PEAK_BF16_FLOPS whose every part occurs in the name (ignore case)
-    name = device_name.upper()
+    ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"); None for a GPU not in the table.
+    The row used is the first of PEAK_BF16_FLOPS whose every part is a whole token of the
+    name, ignoring case; tokens are the runs of letters and digits ("A100-SXM4-40GB":
+    A100, SXM4, 40GB), so "L4" does not match "NVIDIA L40" nor "H200" "NVIDIA GH200"."""
+    # EXERCISE 4.5: the first row of PEAK_BF16_FLOPS whose every part is a whole token of the name (runs of letters and digits, ignore case); see re.findall
+    tokens = set(re.findall(r"[A-Z0-9]+", device_name.upper()))
     for parts, flops in PEAK_BF16_FLOPS:
-        if all(part in name for part in parts):
+        if all(part.upper() in tokens for part in parts):
             return flops
     return None
     # END EXERCISE

@@ -7,7 +7,8 @@ One world of 3 ranks runs every case, and the tests share its results: training 
 ranks, and on a group of 2 of them (ranks 0 and 1, passed as `group=`) while rank 2 waits.
 What is graded is behaviour: the parameters reached (against one process training on
 the concatenated batch), the collectives called during each backward pass and step,
-the order of events in backward, the optimizer state after a broadcast. Inside the
+the order of events in backward, the optimizer state after a broadcast, and training where rank 0
+skips a layer (a parameter unused on some ranks only). Inside the
 training cases an asynchronous all-reduce delivers its result into the tensor only when
 its Work is waited (as a slow network would, deterministically): code that steps before
 waiting for every all-reduce steps on unreduced gradients.
@@ -216,6 +217,59 @@ def _train(mod, name: str, size: int, group) -> dict | None:
             "at_step": at_step, "last_pass_events": last_pass_events, "lrs": lrs}
 
 
+class Chain(nn.Module):
+    """Linear(4, 4) -> tanh -> Linear(4, 4) -> tanh -> Linear(4, 4), without biases: 3 tensors of 16 elements.
+
+    forward(x, skip=True) jumps over `middle`: its weight gets no gradient in that pass. Equal sizes: an
+    all-reduce paired with the wrong partner is summed silently (with other sizes gloo would abort the rank).
+    """
+
+    def __init__(self):
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(5)
+            self.first, self.middle, self.last = (nn.Linear(4, 4, bias=False) for _ in range(3))
+
+    def forward(self, x, skip: bool = False):
+        h = torch.tanh(self.first(x))
+        if not skip:
+            h = torch.tanh(self.middle(h))
+        return self.last(h)
+
+
+_SKIP_STEPS = 2
+_SKIP_PASSES = (1, 2)  # backward_passes_per_step of the two cases
+
+
+def _skips(rank: int, passes: int, k: int) -> bool:
+    """Whether `rank` skips Chain.middle in backward pass `passes` (1-based) of k: rank 0 only, on the last pass."""
+    return rank == 0 and passes == k
+
+
+def _skip_batches(k: int, world: int) -> list:
+    gen = torch.Generator().manual_seed(11)
+    return [[(torch.randn(world * _M, 4, generator=gen), torch.randint(0, 4, (world * _M,), generator=gen))
+             for _ in range(k)] for _ in range(_SKIP_STEPS)]
+
+
+def _train_skipping(mod, k: int, size: int, group) -> dict | None:
+    """SGD on Chain; rank 0 skips the middle layer in the last backward pass of every step."""
+    rank = dist.get_rank()
+    if rank >= size:
+        return None
+    part = slice(rank * _M, (rank + 1) * _M)
+    model = Chain()
+    optimizer = mod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5), model,
+                                         backward_passes_per_step=k, group=group)
+    with _DelayedAllReduce(also_in=(mod,)):
+        for micro_batches in _skip_batches(k, size):
+            optimizer.zero_grad()
+            for i, (inputs, targets) in enumerate(micro_batches, start=1):
+                F.cross_entropy(model(inputs[part], skip=_skips(rank, i, k)), targets[part]).backward()
+            optimizer.step()
+    return {"state": {name: v.detach().clone() for name, v in model.state_dict().items()}}
+
+
 def _optimizer_view(optimizer) -> dict:
     """A picklable copy of optimizer.state_dict(), with the device type of each tensor."""
     state_dict = copy.deepcopy(optimizer.state_dict())
@@ -301,6 +355,8 @@ def _cases(mod, pair) -> dict:
     """{case name: function of no arguments}; `pair`: the process group of ranks 0 and 1."""
     cases = {f"train:{name}:{size}": functools.partial(_train, mod, name, size, pair if size == 2 else None)
              for size in _SIZES for name in _SCENARIOS}
+    cases.update({f"skip:{k}:{size}": functools.partial(_train_skipping, mod, k, size, pair if size == 2 else None)
+                  for size in _SIZES for k in _SKIP_PASSES})
     cases["broadcast:resumed"] = functools.partial(_broadcast_resumed, mod)
     cases["broadcast:fresh"] = functools.partial(_broadcast_fresh, mod)
     cases["broadcast:parameters"] = functools.partial(_broadcast_parameters, mod)
@@ -432,6 +488,45 @@ def test_3_5_all_reduce_starts_during_backward(grade, world):
     assert_no_problems(problems, "the first all-reduce of a step must be launched during the last backward pass, "
                                  "as soon as a gradient is ready: before backward reaches the first layer "
                                  "(register_post_accumulate_grad_hook; async_op=True), not after backward:")
+
+
+def _skipping_truth(k: int, world: int) -> dict:
+    """One process: each step, SGD on the mean over ranks and passes of each rank's loss, computed through
+    the layers that rank used (so the middle layer's gradient is the mean over the ranks that used it, /p·k)."""
+    key = ("skip", k, world)
+    if key not in _truths:
+        model = Chain()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        for micro_batches in _skip_batches(k, world):
+            optimizer.zero_grad()
+            losses = [F.cross_entropy(model(inputs[r * _M:(r + 1) * _M], skip=_skips(r, i, k)),
+                                      targets[r * _M:(r + 1) * _M])
+                      for i, (inputs, targets) in enumerate(micro_batches, start=1) for r in range(world)]
+            (sum(losses) / len(losses)).backward()
+            optimizer.step()
+        _truths[key] = {name: v.detach().clone() for name, v in model.state_dict().items()}
+    return _truths[key]
+
+
+@pytest.mark.parametrize("world", _SIZES)
+def test_3_5_parameter_unused_on_some_ranks(grade, world):
+    problems = []
+    for k in _SKIP_PASSES:
+        results = _results(grade("3.5"), f"skip:{k}:{world}", world)
+        expected = _skipping_truth(k, world)
+        where = f"backward_passes_per_step={k}"
+        for rank, r in enumerate(results):
+            problems += state_dict_problems(r["state"], expected, f"{where}, rank {rank}:", rtol=1e-4, atol=1e-5)
+            if rank:
+                problems += state_dict_problems(r["state"], results[0]["state"], f"{where}, rank {rank} vs rank 0:",
+                                                0, 0)
+    assert_no_problems(problems, f"Linear(4, 4, bias=False) x 3 on {world} ranks, and rank 0 skips the middle layer in the last "
+                                 "backward pass of each step (its gradient never arrives there, it does on the other "
+                                 f"ranks): after {_SKIP_STEPS} SGD steps every rank must hold the parameters of one "
+                                 "process stepping on the mean loss over ranks and passes. Collectives pair by call "
+                                 "order, not by tensor: tensors of equal size launched in another order on rank 0 "
+                                 "are silently summed with the wrong partners. Launch in an order that does not "
+                                 "depend on which gradients arrived:")
 
 
 def _state_problems(got: dict, want: dict, what: str) -> list[str]:

@@ -446,22 +446,29 @@ def test_4_1_data_fsynced_before_rename_folder_after(grade, tmp_path, monkeypatc
     events: list[tuple] = []
     real = {name: getattr(os, name) for name in ("fsync", "fdatasync", "replace", "rename", "sync")}
 
+    def size_of(path: str) -> int | None:
+        """The size the kernel sees now (what is still in a Python buffer does not count); None for a folder."""
+        return None if os.path.isdir(path) else os.stat(path).st_size
+
     def fsync_of(name):
         def fsync(fd):
             fd = fd.fileno() if hasattr(fd, "fileno") else fd
             target = os.readlink(f"/proc/self/fd/{fd}")
-            events.append(("fsync", target))
+            events.append(("fsync", target, os.fstat(fd).st_size))
             return real[name](fd)
         return fsync
 
     def rename_of(name):
         def rename(src, dst, *args, **kwargs):
-            events.append(("rename", os.path.realpath(os.fspath(src)), os.path.realpath(os.fspath(dst))))
+            src_path = os.path.realpath(os.fspath(src))
+            events.append(("rename", src_path, os.path.realpath(os.fspath(dst)), size_of(src_path)))
             return real[name](src, dst, *args, **kwargs)
         return rename
 
-    def sync():
-        events.append(("sync",))
+    def sync():  # syncs every file: record what each file under the folder holds at that moment
+        sizes = {os.path.join(root, f): os.stat(os.path.join(root, f)).st_size
+                 for root, _, files in os.walk(folder) for f in files}
+        events.append(("sync", sizes))
         return real["sync"]()
 
     monkeypatch.setattr(os, "fsync", fsync_of("fsync"))
@@ -472,24 +479,45 @@ def test_4_1_data_fsynced_before_rename_folder_after(grade, tmp_path, monkeypatc
     mod.CheckpointManager(tmp_path, keep=2).save(1, _state_for(mod, 1, 1))
     monkeypatch.undo()
 
+    def show(event: tuple) -> str:
+        if event[0] == "sync":
+            return "sync"
+        words = [Path(x).name if x.startswith("/") else x for x in event if isinstance(x, str)]
+        size = event[2] if event[0] == "fsync" else event[3]
+        return " ".join(words) + (f" ({size} bytes)" if size is not None else "")
+
     renames = [(i, e) for i, e in enumerate(events) if e[0] == "rename" and e[2].startswith(folder)]
-    shown = "; ".join(" ".join(Path(x).name if x.startswith("/") else x for x in e) for e in events[:10])
+    shown = "; ".join(show(e) for e in events[:10])
     assert renames, (f"save() never renamed a file into {tmp_path} (calls seen: {shown or 'none'}); write a temporary "
                      "file in the same folder, fsync it, then rename it onto the final name")
     problems = []
 
-    def synced(path: str, start: int, stop: int) -> bool:
-        return any(e == ("sync",) or (e[0] == "fsync" and e[1] == path) for e in events[start:stop])
+    def synced_sizes(path: str, start: int, stop: int) -> list:
+        """The sizes `path` had at each fsync of it (or os.sync) among events[start:stop]."""
+        out = []
+        for e in events[start:stop]:
+            if e[0] == "sync":
+                out.append(e[1].get(path))
+            elif e[0] == "fsync" and e[1] == path:
+                out.append(e[2])
+        return out
 
-    for i, (_, src, dst) in renames:
-        if not synced(src, 0, i):
+    for i, (_, src, dst, size) in renames:
+        sizes = synced_sizes(src, 0, i)
+        if not sizes:
             problems.append(f"{Path(src).name} was renamed onto {Path(dst).name} before an fsync of its data: after a "
                             "power cut the final name can point at an empty or partial file")
-    last, (_, _, dst) = renames[-1]
-    if not synced(os.path.dirname(dst), last + 1, len(events)):
+        elif size is not None and size not in sizes:
+            had = ", ".join(str(s) for s in sizes if s is not None) or "none"
+            problems.append(f"{Path(src).name} held {size} bytes when it was renamed onto {Path(dst).name}, but the "
+                            f"kernel had only {had} bytes of it when it was fsynced: the tail (written after the fsync, "
+                            "or still in Python's buffer: flush() before os.fsync) was never made durable, and a "
+                            "power cut can leave the renamed file cut short")
+    last, (_, _, dst, _) = renames[-1]
+    if not synced_sizes(os.path.dirname(dst), last + 1, len(events)):
         problems.append(f"no fsync of the folder {Path(dst).parent} after the rename onto {Path(dst).name}: the rename "
                         "(a change of the folder) may not survive a power cut")
-    assert_no_problems(problems, f"the order of fsync and rename in save() (calls: {shown}):")
+    assert_no_problems(problems, f"the order of fsync and rename in save(), and what was fsynced (calls: {shown}):")
 
 
 # ---------------------------------------------------------------- keep-last-k and map_location

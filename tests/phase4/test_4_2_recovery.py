@@ -161,6 +161,53 @@ def test_4_2_resumes_from_newest_valid_checkpoint(grade, tmp_path):
     assert_no_problems(problems, "resume on start (run_resumable, one process, checkpoint every 2 steps):")
 
 
+def test_4_2_corrupt_checkpoints_do_not_prune_new_ones(grade, tmp_path):
+    """Every checkpoint on disk is corrupt and newer than anything the new run saves: keep-last-k must not
+    count them (they would push each new checkpoint out as soon as it is written), and they are kept."""
+    mod = grade("4.2").load()
+    from solutions.phase4_production.checkpoint import CheckpointManager
+
+    _, _, want = _local_run(mod, tmp_path / "straight", total_steps=6)
+    folder = tmp_path / "run"
+    _local_run(mod, folder, total_steps=20, every=5)  # keep=3: steps 10, 15, 20
+    stale = sorted(p for p in folder.iterdir() if p.name.startswith("step_"))
+    contents = []
+    for path in stale:
+        contents.append(path.read_bytes()[: path.stat().st_size // 2])
+        path.write_bytes(contents[-1])  # torn
+    problems = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first, ran, _ = _local_run(mod, folder, total_steps=4)
+        if (first.start_step, ran) != (0, [0, 1, 2, 3]):
+            problems.append(f"with steps 10, 15, 20 on disk, all torn: started at {first.start_step} and ran {ran}, "
+                            "expected a fresh start running steps 0..3")
+        left = CheckpointManager(folder, keep=3).steps()
+        second, ran, params = _local_run(mod, folder, total_steps=6)
+    if (second.start_step, ran) != (4, [4, 5]):
+        problems.append(f"then a relaunch to 6 steps started at {second.start_step} and ran {ran}, expected to resume "
+                        f"at step 4, the checkpoint the first run saved at its end (checkpoint steps after the "
+                        f"first run: {left}; keep=3 ranks files by step, so three corrupt files above every new "
+                        "step push each new checkpoint out as soon as it is written)")
+    else:
+        problems += _param_problems(params, want, "after resuming at step 4")
+    kept = {p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    lost = [path.name for path, data in zip(stale, contents) if data not in kept]
+    if lost:
+        problems.append(f"the corrupt {', '.join(lost)} are gone from the folder: set them aside (rename them out of "
+                        "the checkpoint names), do not delete them; someone will want to know what broke them")
+    # set_aside_newer on its own: resumed step 4 of steps 2, 4, 6 (6 failed): 6 stops counting.
+    direct = tmp_path / "direct"
+    _local_run(mod, direct, total_steps=6)
+    manager = CheckpointManager(direct, keep=3)
+    mod.set_aside_newer(manager, 4)
+    if manager.steps() != [2, 4]:
+        problems.append(f"set_aside_newer(checkpoints, 4) with steps 2, 4, 6 left steps() = {manager.steps()}, "
+                        "expected [2, 4]")
+    assert_no_problems(problems, "resume when every checkpoint on disk is corrupt (run_resumable, one process, keep=3, "
+                                 "a checkpoint every 2 steps; old torn checkpoints of steps 10, 15 and 20):")
+
+
 def test_4_2_sigterm_saves_at_next_step_boundary(grade, tmp_path):
     """SIGTERM in the middle of step 3 (dropout already drawn, update not yet done): the
     run finishes step 3, saves the checkpoint of step 4, returns preempted, puts the

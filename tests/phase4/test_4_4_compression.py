@@ -242,6 +242,45 @@ def _versus_torch(mod) -> list[str]:
     return problems
 
 
+def _generators_untouched(mod) -> list[str]:
+    """PowerSGD steps that draw a fresh Q (warm start: the first compressed step; without: every one),
+    with torch.cuda's seeding functions replaced by recorders: after each backward the global CPU
+    generator must be where it was, and no CUDA generator seeded."""
+    rank = dist.get_rank()
+    seeded: list[str] = []
+    targets = [(module, name) for module in (torch.cuda, torch.cuda.random) for name in ("manual_seed", "manual_seed_all")]
+    saved = [(module, name, getattr(module, name)) for module, name in targets]
+
+    def recorder(name):
+        return lambda seed, *args, **kwargs: seeded.append(f"torch.cuda.{name}({seed})")
+
+    problems = []
+    try:
+        for module, name in targets:
+            setattr(module, name, recorder(name))
+        for setting, kwargs in (("warm start", dict(start_powerSGD_iter=2)),
+                                ("no warm start", dict(start_powerSGD_iter=2, warm_start=False))):
+            model = DDP(_mlp())
+            hook = _guarded(mod.powersgd_hook)
+            model.register_comm_hook(mod.PowerSGDState(None, matrix_approximation_rank=1, **kwargs), hook)
+            gen = torch.Generator().manual_seed(50 + rank)
+            torch.default_generator.manual_seed(60 + rank)  # each rank its own stream, as dropout needs
+            for step in range(4):
+                before = torch.get_rng_state()
+                seeded.clear()
+                _backward(model, _batch(gen))
+                _raise_todo(hook)
+                where = f"{setting}, step {step} ({'PowerSGD' if step >= 2 else 'plain all-reduce'})"
+                if not torch.equal(torch.get_rng_state(), before):
+                    problems.append(f"{where}: the global CPU generator (torch.get_rng_state()) changed")
+                if seeded:
+                    problems.append(f"{where}: the hook called {', '.join(seeded)}")
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+    return problems
+
+
 def _digits(mod) -> dict:
     """Test accuracy after _EPOCHS epochs: plain DDP, top-k 5 % + error feedback, PowerSGD rank 1."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -282,6 +321,7 @@ def _compression_rank(ref: grading.ModuleRef) -> dict:
         "bytes": lambda: _bytes_per_step(mod),
         "full_rank": lambda: _full_rank(mod),
         "torch": lambda: _versus_torch(mod),
+        "generators": lambda: _generators_untouched(mod),
         "digits": lambda: _digits(mod),
     }
     return run_scenarios(scenarios, _AGREE_S)
@@ -379,6 +419,16 @@ def test_4_4_powersgd_equals_torch_bitwise(grade):
     problems = [f"rank {rank}: {p}" for rank, rank_problems in enumerate(results) for p in rank_problems]
     assert_no_problems(problems, f"your powersgd_hook must return bitwise (torch.equal) what torch's powerSGD_hook "
                                  f"returns with the same PowerSGDState settings, over {_TORCH_STEPS} SGD steps:")
+
+
+def test_4_4_powersgd_leaves_global_generators_alone(grade):
+    results = _results(grade("4.4"), "generators")
+    problems = [f"rank {rank}: {p}" for rank, rank_problems in enumerate(results) for p in rank_problems]
+    assert_no_problems(problems, "a fresh random Q must not touch the training's random generators: torch.manual_seed "
+                                 "also reseeds every CUDA generator (torch.cuda.manual_seed_all, here replaced by a "
+                                 "recorder), to the same seed on every rank, so each rank's dropout masks would be "
+                                 "alike after it; fork_rng(devices=[]) restores the CPU one only. Draw Q from a "
+                                 "private torch.Generator seeded the same way (the same numbers):")
 
 
 def test_4_4_compressed_training_reaches_plain_accuracy(grade):

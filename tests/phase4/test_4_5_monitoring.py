@@ -359,12 +359,28 @@ def test_4_5_mfu_and_peak_lookup(grade):
     problems = []
     names = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H100 NVL": 835e12,
              "NVIDIA H200": 989e12, "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA A100-PCIE-40GB": 312e12,
-             "NVIDIA L4": 121e12, "NVIDIA L40S": 362e12, "NVIDIA A10": 125e12, "Tesla T4": None,
-             "NVIDIA GeForce GTX 1080": None}
+             "NVIDIA L4": 121e12, "NVIDIA L40S": 362e12, "NVIDIA L40": 181e12, "NVIDIA A10": 125e12,
+             "NVIDIA A10G": 70e12, "NVIDIA GH200 480GB": 989e12, "Tesla T4": None, "NVIDIA GeForce GTX 1080": None}
     for name, peak in names.items():
         got = mod.peak_flops(name)
         if (got is None) != (peak is None) or (peak is not None and not math.isclose(got, peak, rel_tol=0.02)):
             problems.append(f"peak_flops({name!r}) = {got}, expected {peak} (dense bf16, PEAK_BF16_FLOPS)")
+    # Whole tokens: with rows whose parts are substrings of other GPUs' names, each name finds its own row.
+    table = ((("H200",), 1.0), (("GH200",), 2.0), (("L4",), 3.0), (("L40",), 4.0), (("A100", "PCIE"), 5.0),
+             (("A100",), 6.0))
+    original = mod.PEAK_BF16_FLOPS
+    try:
+        mod.PEAK_BF16_FLOPS = table
+        for name, want in (("NVIDIA GH200 480GB", 2.0), ("NVIDIA H200", 1.0), ("NVIDIA L40", 4.0), ("NVIDIA L4", 3.0),
+                           ("nvidia l40", 4.0), ("NVIDIA A100-PCIE-40GB", 5.0), ("NVIDIA A100-SXM4-80GB", 6.0),
+                           ("NVIDIA L40S", None), ("NVIDIA H20", None)):
+            got = mod.peak_flops(name)
+            if got != want:
+                problems.append(f"with PEAK_BF16_FLOPS = {table}: peak_flops({name!r}) = {got}, expected {want} "
+                                "(a part must be a whole token of the name: 'L4' is not in 'NVIDIA L40', 'H200' "
+                                "not in 'NVIDIA GH200 480GB')")
+    finally:
+        mod.PEAK_BF16_FLOPS = original
     for rate, flops, peak in ((1000.0, 24.3e9, 989e12), (250.0, 101e9, 312e12), (1.0, 1.0, 4.0)):
         got, expected = mod.mfu(rate, flops, peak), rate * flops / peak
         if not math.isclose(got, expected, rel_tol=1e-9):

@@ -10,14 +10,13 @@ CAUGHT_BY = ["test_3_5_accumulation_matches_one_big_batch"]
 
 class DistributedOptimizer(_reference.DistributedOptimizer):
     def synchronize(self):
-        for p in self._params:
-            if self._passes[p] < self.backward_passes_per_step:
-                self._launch(p)
+        self._launch_in_order(everything=True)
         world = _reference._world_size(self.group)
         for p, work in self._pending:
             if work is not None:
                 work.wait()
             p.grad.div_(world)
         self._pending.clear()
+        self._launched = 0
         for p in self._params:
             self._passes[p] = 0

@@ -9,14 +9,13 @@ CAUGHT_BY = ["test_3_5_training_matches_one_big_batch", "test_3_5_accumulation_m
 
 class DistributedOptimizer(_reference.DistributedOptimizer):
     def synchronize(self):
-        for p in self._params:
-            if self._passes[p] < self.backward_passes_per_step:
-                self._launch(p)
+        self._launch_in_order(everything=True)
         if self._pending and self._pending[-1][1] is not None:
             self._pending[-1][1].wait()
         divisor = _reference._world_size(self.group) * self.backward_passes_per_step
         for p, _ in self._pending:
             p.grad.div_(divisor)
         self._pending.clear()
+        self._launched = 0
         for p in self._params:
             self._passes[p] = 0

@@ -14,6 +14,7 @@ def run_resumable(train_step, model, optimizer, checkpoints, *, total_steps, eve
     if progress is not None and on_resume is not None:
         on_resume(progress)
     start = done = int(progress["step"]) if progress is not None else 0
+    set_aside_newer(checkpoints, start if progress is not None else None)
 
     def save_and_exit(signum, frame):  # the bug: save right here, mid-step, and leave
         state = training_state(model, optimizer, scheduler, scaler, {"step": done})
