@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import os
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -82,33 +84,96 @@ class TrainConfig:
     tensorboard: bool = _opt(True, "also write TensorBoard scalars to OUTPUT_DIR/tensorboard when tensorboard is installed")
     progress: bool = _opt(True, "progress bar on rank 0")
     max_steps: int | None = _opt(None, "stop after this many steps in all (a shorter run of the same schedule)")
-    # launch (without torchrun)
+    apply_changes: bool = _opt(False, "on resume, continue with hyperparameters that differ from the checkpoint's "
+                                      "(--lr, --momentum, --weight-decay, --epochs, --warmup-epochs, ...) instead of "
+                                      "refusing: the optimizer takes the new values, and the LR schedule is recomputed "
+                                      "for the new --epochs/--warmup-epochs at the resumed step (the LR jumps to it)")
+    # launch
+    device: str = _opt("auto", "train on GPUs (one per local rank; fewer GPUs than ranks is an error) or the CPU "
+                               "(auto: GPUs when this node has any)", choices=("auto", "cuda", "cpu"))
     nproc: int | None = _opt(None, "ranks to start on this machine without torchrun (default: GPUs, else 2)")
     timeout: float = _opt(86400.0, "seconds before a run started without torchrun is declared hung")
 
     def validate(self) -> "TrainConfig":
-        """Raise ValueError (one line) for values no run can use."""
-        positive = ("epochs", "global_batch", "reference_batch", "checkpoint_every", "keep", "log_every",
-                    "straggler_every", "synthetic_size", "compression_rank")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
-        for name in ("micro_batch", "nproc", "max_steps", "image_size"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
-        for name in ("workers", "warmup_epochs", "label_smoothing", "grad_clip", "weight_decay", "momentum",
-                     "profile_steps", "straggler_threshold", "fail_rank", "compression_start"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
-        if not 0 <= self.seed < 2**32:
-            raise ValueError(f"--seed must be in [0, 2**32), got {self.seed}")
-        if self.fail_at_step is not None and self.fail_at_step < 0:
-            raise ValueError(f"--fail-at-step must be >= 0, got {self.fail_at_step}")
-        if not self.lr > 0 or not 0 < self.topk_ratio <= 1 or self.timeout <= 0:
-            raise ValueError("--lr and --timeout must be > 0, --topk-ratio in (0, 1]")
+        """Raise ValueError (one line naming the option) for a value no run can use: every
+        number against its range (NaN and infinity never pass). Recipes go through here too."""
+        for name, (low, high, closed) in _RANGES.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            inside = math.isfinite(value) and low <= value and (value <= high if closed else value < high)
+            if not inside:
+                top = "2**32" if high == 2**32 else high
+                allowed = f">= {low}" if high == _INF else f"in [{low}, {top}{']' if closed else ')'}"
+                kind = "a finite number " if isinstance(value, float) else ""
+                raise ValueError(f"--{_flag(name)} must be {kind}{allowed}, got {value}")
         if self.dataset in ("cifar10", "imagenet") and not self.data_root:
             raise ValueError(f"--dataset {self.dataset} needs --data-root (see data/README.md for how to get it)")
         return self
+
+    def check_paths(self) -> "TrainConfig":
+        """Raise ValueError (one line) for a path option that this machine cannot use: a
+        --data-root that is not a folder, an --output-dir that is a file or not writable."""
+        if self.data_root is not None and not Path(self.data_root).is_dir():
+            raise ValueError(f"--data-root {self.data_root} is not a folder (see data/README.md for how to get "
+                             "CIFAR-10 or ImageNet)")
+        _check_output_dir(self.output_dir)
+        return self
+
+
+_INF = math.inf
+# field -> (lowest, highest, highest included): the values a run can use
+_RANGES = {
+    "epochs": (1, _INF, False), "global_batch": (1, _INF, False), "reference_batch": (1, _INF, False),
+    "checkpoint_every": (1, _INF, False), "keep": (1, _INF, False), "log_every": (1, _INF, False),
+    "straggler_every": (1, _INF, False), "synthetic_size": (1, _INF, False), "compression_rank": (1, _INF, False),
+    "micro_batch": (1, _INF, False), "nproc": (1, _INF, False), "max_steps": (1, _INF, False),
+    "image_size": (8, _INF, False), "workers": (0, _INF, False), "profile_steps": (0, _INF, False),
+    "fail_rank": (0, _INF, False), "fail_at_step": (0, _INF, False), "compression_start": (0, _INF, False),
+    "seed": (0, 2**32, False),
+    "lr": (1e-12, 100.0, True), "momentum": (0.0, 1.0, False), "weight_decay": (0.0, 1.0, True),
+    "warmup_epochs": (0.0, 1e6, True), "label_smoothing": (0.0, 1.0, False), "grad_clip": (0.0, 1e12, True),
+    "topk_ratio": (1e-9, 1.0, True), "straggler_threshold": (1e-6, 1e6, True), "timeout": (1.0, 1e9, True),
+}
+
+
+def _check_output_dir(path: str) -> None:
+    """--output-dir is a writable folder, or can be made as one (its nearest existing
+    parent is a writable folder)."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"--output-dir {path} exists and is not a folder: name a folder (it is created if missing)")
+    existing = target
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"--output-dir {path}: {existing} is not a folder, so the output folder cannot be made there")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--output-dir {path}: {existing} is not writable by this user; name a folder you can write")
+
+
+# What a run is: checkpoints of another identity are refused (another --output-dir).
+IDENTITY = ("model", "dataset", "image_size", "global_batch", "seed")
+# Where and how it runs, not what it computes: may change between two starts of a run.
+OPERATIONAL = frozenset({
+    "data_root", "workers", "channels_last", "compile", "micro_batch", "deterministic", "output_dir",
+    "checkpoint_every", "keep", "fail_at_step", "fail_rank", "log_every", "straggler_every", "straggler_threshold",
+    "profile_steps", "tensorboard", "progress", "max_steps", "nproc", "timeout", "device", "apply_changes"})
+# Cannot change in the middle of a run, even with --apply-changes: the optimizer's state, the
+# loss scaler's, or the data order of the checkpoint would not fit.
+FIXED = ("optimizer", "amp", "synthetic_size")
+
+
+def changed_hyperparameters(saved: dict, cfg: TrainConfig) -> dict[str, tuple[Any, Any]]:
+    """{field: (value in the checkpoint's config, value now)} for every field that changes
+    what the run computes (not its identity, not OPERATIONAL) and differs."""
+    now = dataclasses.asdict(cfg)
+    return {name: (saved[name], now[name]) for name in now
+            if name in saved and name not in OPERATIONAL and name not in IDENTITY and saved[name] != now[name]}
+
+
+def describe_changes(changes: dict[str, tuple[Any, Any]]) -> str:
+    return ", ".join(f"--{_flag(name)} {old} -> {new}" for name, (old, new) in changes.items())
 
 
 def _flag(name: str) -> str:
@@ -166,7 +231,7 @@ def load_recipe(path: str | Path) -> dict[str, Any]:
     if not path.is_file() and (RECIPES / path).is_file():
         path = RECIPES / path
     if not path.is_file():
-        raise ValueError(f"recipe {path} not found (shipped recipes: {', '.join(sorted(p.name for p in RECIPES.glob('*.toml')))})")
+        raise ValueError(f"--config {path}: recipe not found (shipped recipes: {', '.join(sorted(p.name for p in RECIPES.glob('*.toml')))})")
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - Python 3.10
@@ -174,29 +239,31 @@ def load_recipe(path: str | Path) -> dict[str, Any]:
     try:
         values = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"recipe {path} is not valid TOML: {exc}") from None
+        raise ValueError(f"--config {path}: not valid TOML: {exc}") from None
     known = {f.name: f for f in fields(TrainConfig)}
     unknown = sorted(set(values) - set(known))
     if unknown:
-        raise ValueError(f"recipe {path}: unknown keys {unknown} (the keys are TrainConfig's fields, see --help)")
+        raise ValueError(f"--config {path}: unknown keys {unknown} (the keys are TrainConfig's fields, see --help)")
     for key, value in values.items():
         kind = _field_type(known[key])
         if not (isinstance(value, kind) or (kind is float and isinstance(value, int))) or \
                 (kind is not bool and isinstance(value, bool)):
-            raise ValueError(f"recipe {path}: {key} = {value!r} should be a {kind.__name__}")
+            raise ValueError(f"--config {path}: {key} = {value!r} should be a {kind.__name__}")
         choices = known[key].metadata.get("choices")
         if choices and value not in choices:
-            raise ValueError(f"recipe {path}: {key} = {value!r} is not one of {list(choices)}")
+            raise ValueError(f"--config {path}: {key} = {value!r} is not one of {list(choices)}")
     return values
 
 
-def parse_config(argv: list[str] | None = None) -> TrainConfig:
-    """defaults < recipe < command line; exits with a one-line error (code 2) on bad input."""
+def parse_config(argv: list[str] | None = None, *, check_paths: bool = True) -> TrainConfig:
+    """defaults < recipe < command line; exits with a one-line error (code 2) on bad input.
+    check_paths=False skips the file-system checks (for command lines of another machine)."""
     parser = build_parser()
     given = vars(parser.parse_args(argv))
     try:
         values = load_recipe(given.pop("config")) if "config" in given else {}
         values.update({k: v for k, v in given.items()})
-        return TrainConfig(**values).validate()
+        cfg = TrainConfig(**values).validate()
+        return cfg.check_paths() if check_paths else cfg
     except ValueError as exc:
         parser.error(str(exc))

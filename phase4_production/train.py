@@ -31,6 +31,7 @@ import json
 import math
 import os
 import random
+import signal
 import sys
 import time
 import warnings
@@ -47,52 +48,21 @@ from common.models import build_model
 from phase4_production.checkpoint import CheckpointManager, training_state, unwrap
 from phase4_production.compression import (CompressionState, PowerSGDState, TopKState, powersgd_hook,
                                                      topk_hook)
-from phase4_production.config import TrainConfig, parse_config
-from phase4_production.elastic import BatchPlan, ElasticSampler, plan_batches
-from phase4_production.monitoring import (MetricsWriter, StepTimer, StragglerDetector, memory_stats,
+from phase4_production.config import (FIXED, IDENTITY, TrainConfig, changed_hyperparameters,
+                                                describe_changes, parse_config)
+from phase4_production.elastic import ElasticSampler, plan_batches
+from phase4_production.lifecycle import die_with_parent, orphaned, stop_signals
+from phase4_production.monitoring import (MetricsWriter, StepTimer, StragglerDetector,
                                                     training_profiler)
 from phase4_production.recovery import (Fault, FaultInjector, PreemptionHandler, current_attempt,
-                                                  resume)
+                                                  resume, set_aside_newer)
+from phase4_production.run_folder import claim_output_dir
 from phase4_production.train_data import RankBatches, build_datasets, eval_loader, train_loader
+from phase4_production.train_report import log_epoch, log_step, progress_bar
+from phase4_production.train_step import (NonFiniteLoss, StepParts, autocast_dtype, lr_schedule,
+                                                    make_optimizer, train_step)
 
 # ---------------------------------------------------------------- building blocks
-
-
-def autocast_dtype(mode: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype for --amp on this device (None: full precision). auto: bf16 on a
-    GPU that has it natively (Ampere or newer), fp16 on older GPUs, off on CPU."""
-    if mode == "off" or (mode == "auto" and device.type != "cuda"):
-        return None
-    if mode == "auto":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
-    return torch.bfloat16 if mode == "bf16" else torch.float16
-
-
-def lr_schedule(steps_per_epoch: int, epochs: int, warmup_epochs: float):
-    """Multiplier of the peak lr at step s: linear warm-up from 1/10 over warmup_epochs,
-    then cosine decay to 0 at the last step (a function for LambdaLR)."""
-    total = steps_per_epoch * epochs
-    warmup = min(int(round(warmup_epochs * steps_per_epoch)), total - 1)
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return 0.1 + 0.9 * step / warmup
-        progress = (step - warmup) / max(total - warmup, 1)
-        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-
-    return factor
-
-
-def make_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
-    """SGD (nesterov) or AdamW at lr x global_batch / reference_batch (the linear scaling
-    rule); no weight decay on biases and normalisation weights (1-D parameters)."""
-    decay = [p for p in model.parameters() if p.ndim > 1]
-    no_decay = [p for p in model.parameters() if p.ndim <= 1]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    lr = cfg.lr * cfg.global_batch / cfg.reference_batch
-    if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=lr)
-    return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.momentum > 0)
 
 
 def fingerprint(model: nn.Module) -> str:
@@ -108,8 +78,7 @@ def fingerprint(model: nn.Module) -> str:
 
 def identity(cfg: TrainConfig) -> dict:
     """What a checkpoint must match to be resumed by this config (else it is another run)."""
-    return {"model": cfg.model, "dataset": cfg.dataset, "image_size": cfg.image_size,
-            "global_batch": cfg.global_batch, "seed": cfg.seed}
+    return {name: getattr(cfg, name) for name in IDENTITY}
 
 
 def _seed_everything(seed: int) -> None:
@@ -141,7 +110,15 @@ def evaluate(model: nn.Module, loader, device: torch.device, dtype: torch.dtype 
 
 def train(cfg: TrainConfig) -> dict:
     """Train (or resume, or find finished) the run in cfg.output_dir on this rank; returns
-    the summary (on every rank). Collective: every rank of the process group calls it."""
+    the summary (on every rank). Collective: every rank of the process group calls it.
+    A stop signal (SIGTERM, SIGINT) is recorded from the first line on: the run stops and
+    saves at the next step boundary, however early it came."""
+    device = current_device()
+    with PreemptionHandler(stop_signals(), device=device) as preemption, claim_output_dir(cfg.output_dir, device):
+        return _train(cfg, preemption)
+
+
+def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
     started = time.perf_counter()
     attempt = current_attempt()
     rank, world = attempt.rank, attempt.world_size
@@ -195,32 +172,53 @@ def train(cfg: TrainConfig) -> dict:
     metrics = MetricsWriter(out / "metrics.jsonl", rank, board) if rank == 0 else None
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+        resolved = json.dumps(dataclasses.asdict(cfg), indent=2) + "\n"
+        (out / "config.json").write_text(resolved)  # the latest start's; configs/ keeps every attempt's
+        (out / "configs").mkdir(exist_ok=True)
+        (out / "configs" / f"{time.strftime('%Y%m%d-%H%M%S')}-attempt{attempt.restart}-pid{os.getpid()}.json").write_text(resolved)
         print(f"rank 0 of {world} on {device}, attempt {attempt.restart}: "
-              f"{'resuming at step ' + str(step) if step else 'starting'} of {total_steps} "
+              f"{'resuming' if step else 'starting'} at step {step} of {total_steps} "
               f"({plan.per_rank} samples per rank per step, {plan.accumulation} accumulation pass(es)); "
               f"checkpoints in {checkpoints.folder}", flush=True)
+        if any(f.attempt == attempt.restart - 1 for f in faults.faults):
+            print(f"attempt {attempt.restart} is a planned restart: the fault injector "
+                  f"({'--fail-at-step ' + str(cfg.fail_at_step) if cfg.fail_at_step is not None else 'COURSE_FAULTS'}) "
+                  "killed a rank of an earlier attempt, and torchrun restarted the group; the errors printed "
+                  "above by torchrun and the surviving rank are that kill, expected", flush=True)
     timer = StepTimer(device)
     stragglers = StragglerDetector(every=cfg.straggler_every, threshold=cfg.straggler_threshold,
                                    min_excess_s=0.005, device=device) if world > 1 else None
     parts = StepParts(net, ddp, plan, nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing), optimizer, scaler,
                       dtype, device, channels_last, cfg.grad_clip, compression)
-    bar = _progress_bar(cfg, rank, end, step)
+    bar = progress_bar(cfg, rank, end, step)
     profiler = training_profiler(out / "traces", rank, wait=5, warmup=2, active=cfg.profile_steps) \
         if cfg.profile_steps else contextlib.nullcontext()
     samples_trained, train_seconds, preempted = 0, 0.0, False
 
     def save() -> None:
+        if not all(torch.isfinite(p).all() for p in ddp.parameters()):  # the same on every rank (DDP)
+            raise NonFiniteLoss(f"the weights became NaN or infinite at step {step} (another rank's loss did); "
+                                f"not saved: the newest checkpoint in {checkpoints.folder} is the last good state")
+        if orphaned():  # the launcher died a moment ago: its SIGKILL is on the way, write nothing
+            os.kill(os.getpid(), signal.SIGKILL)
         began = time.perf_counter()
         state = training_state(ddp, optimizer, scheduler, scaler,
                                {"step": step, "data": sampler.state_dict(), "history": history,
-                                "identity": identity(cfg)})
+                                "identity": identity(cfg), "config": dataclasses.asdict(cfg)})
         with faults.saving():
             path = checkpoints.save(step, state)
         if metrics is not None:  # what checkpointing costs: compare with step_s x --checkpoint-every
             metrics.write(step, event="checkpoint", seconds=time.perf_counter() - began, bytes=path.stat().st_size)
 
-    with PreemptionHandler(device=device) as preemption, profiler as prof:
+    def evaluate_epoch() -> None:  # the plain module: DDP's forward would broadcast buffers, per batch
+        accuracy, test_loss = evaluate(model, tests, device, dtype)
+        history.append({"epoch": sampler.epoch - 1, "step": step, "accuracy": accuracy, "test_loss": test_loss})
+        log_epoch(metrics, bar, history[-1])
+
+    if step and sampler.consumed == 0 and (not history or history[-1]["step"] != step):
+        evaluate_epoch()  # a preemption at the epoch's end skipped it
+
+    with profiler as prof:
         while step < end:
             batches = iter(loader)
             while step < end:
@@ -231,6 +229,10 @@ def train(cfg: TrainConfig) -> dict:
                 if batch is None:
                     break
                 loss = train_step(parts, batch, timer, faults)
+                if not math.isfinite(loss):
+                    raise NonFiniteLoss(f"the loss became {loss} at step {step + 1} (rank {rank}): lower --lr or use "
+                                        f"--grad-clip; not saved, the newest checkpoint in {checkpoints.folder} "
+                                        "is the last good state")
                 scheduler.step()
                 sampler.advance()
                 step += 1
@@ -238,16 +240,13 @@ def train(cfg: TrainConfig) -> dict:
                 train_seconds += times["step"]
                 samples_trained += plan.per_rank
                 epoch_done = sampler.consumed == 0
-                if epoch_done:  # the plain module: DDP's forward would broadcast buffers, per batch
-                    accuracy, test_loss = evaluate(model, tests, device, dtype)
-                    history.append({"epoch": sampler.epoch - 1, "step": step, "accuracy": accuracy,
-                                    "test_loss": test_loss})
-                    _log_epoch(metrics, bar, history[-1])
+                stop = preemption.should_stop()  # before the evaluation: the grace period is ticking
+                if epoch_done and not stop:
+                    evaluate_epoch()
                 report = stragglers.update(times) if stragglers else None
-                _log_step(metrics, bar, step, loss, scheduler, times, report, device, cfg.log_every)
+                log_step(metrics, bar, step, loss, scheduler, times, report, device, cfg.log_every)
                 if prof is not None:
                     prof.step()
-                stop = preemption.should_stop()
                 if stop or epoch_done or step % cfg.checkpoint_every == 0 or step == end:
                     save()
                 if stop:
@@ -299,6 +298,7 @@ def _register_comm_hook(ddp: DDP, cfg: TrainConfig, faults: FaultInjector,
 
 def _resume(checkpoints, cfg, ddp, optimizer, scheduler, scaler, device) -> dict | None:
     """recovery.resume, with a one-line error when the checkpoints belong to another run."""
+    _set_aside(checkpoints.unusable(), ".unusable", "is not a readable checkpoint file")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("always")
@@ -306,120 +306,72 @@ def _resume(checkpoints, cfg, ddp, optimizer, scheduler, scaler, device) -> dict
     except (RuntimeError, KeyError, ValueError) as exc:
         if "state_dict" not in str(exc) and not isinstance(exc, KeyError):
             raise
+        newest = checkpoints.load_latest()  # why the state did not fit: a setting that cannot change?
+        if newest is not None and "config" in newest[1]["progress"]:
+            _check_changes(changed_hyperparameters(newest[1]["progress"]["config"], cfg), cfg, checkpoints, newest[0])
         raise ValueError(f"the checkpoints in {checkpoints.folder} are not of this run "
                          f"({str(exc).splitlines()[0]}): use another --output-dir, or delete them to start over") from None
     if progress is not None and progress.get("identity") != identity(cfg):
         raise ValueError(f"the checkpoints in {checkpoints.folder} were written by a run with "
                          f"{progress.get('identity')}, this run has {identity(cfg)}: use another --output-dir, "
                          "or delete them to start over")
-    _set_aside_newer(checkpoints, int(progress["step"]) if progress else -1)
+    set_aside_newer(checkpoints, int(progress["step"]) if progress else None)  # failed verification
+    changes = changed_hyperparameters(progress["config"], cfg) if progress and "config" in progress else {}
+    if changes:
+        _check_changes(changes, cfg, checkpoints, progress["step"])
+        _apply_changes(cfg, unwrap(ddp), optimizer, scheduler, changes)
     return progress
 
 
-def _set_aside_newer(checkpoints: CheckpointManager, resumed: int) -> None:
-    """Rename the checkpoints newer than the one resumed (they failed verification) to
-    `step_*.pt.corrupt` on rank 0: kept for inspection, no longer counted by keep-last-k,
-    which would otherwise prune the new good checkpoints below them."""
+def _check_changes(changes: dict, cfg: TrainConfig, checkpoints: CheckpointManager, step: int) -> None:
+    """Raise ValueError (one line) for hyperparameters that differ from the checkpoint's,
+    unless --apply-changes asks for them; settings in FIXED cannot change at all."""
+    fixed = [name for name in FIXED if name in changes]
+    if fixed:
+        raise ValueError(f"the checkpoints in {checkpoints.folder} were trained with other settings "
+                         f"({describe_changes(changes)}); {', '.join('--' + n for n in fixed)} cannot change in "
+                         "the middle of a run: use the old values, or another --output-dir")
+    if changes and not cfg.apply_changes:
+        raise ValueError(f"the checkpoints in {checkpoints.folder} were trained with other hyperparameters "
+                         f"({describe_changes(changes)}): rerun with the old values, or add --apply-changes to "
+                         f"continue from step {step} with the new ones")
+
+
+def _apply_changes(cfg: TrainConfig, model: nn.Module, optimizer, scheduler, changes: dict) -> None:
+    """Put the config's hyperparameters into a resumed optimizer and LR schedule (which hold
+    the checkpoint's) and say what changed, on rank 0. The schedule's function was built from
+    the new --epochs/--warmup-epochs already; the peak LR is set anew from --lr."""
+    before = [group["lr"] for group in optimizer.param_groups]
+    fresh = make_optimizer(cfg, model)  # the groups and values this config gives, without state
+    factor = scheduler.lr_lambdas[0](scheduler.last_epoch)
+    for group, new in zip(optimizer.param_groups, fresh.param_groups):
+        for key in ("weight_decay", "momentum", "nesterov"):
+            if key in new:
+                group[key] = new[key]
+        group["initial_lr"] = new["lr"]
+        group["lr"] = new["lr"] * factor
+    scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
+    if current_attempt().rank == 0:
+        print(f"applying changed hyperparameters at step {scheduler.last_epoch} (--apply-changes): "
+              f"{describe_changes(changes)}; the LR goes from {before[0]:.6g} to {optimizer.param_groups[0]['lr']:.6g}",
+              flush=True)
+
+
+def _set_aside(paths: list[Path], suffix: str, why: str) -> None:
+    """On rank 0: rename each path to path + suffix, with one warning line each (a rename
+    that fails is reported too: the entry then stays where it is, ignored)."""
     if current_attempt().rank != 0:
         return
-    for step in checkpoints.steps():
-        if step > resumed:
-            path = checkpoints.path_for(step)
-            with contextlib.suppress(FileNotFoundError):
-                path.rename(path.with_name(path.name + ".corrupt"))
-                print(f"warning: set aside corrupt checkpoint {path} as {path.name}.corrupt (delete it when done)",
-                      file=sys.stderr, flush=True)
-
-
-@dataclasses.dataclass
-class StepParts:
-    """What every optimizer step of an attempt uses."""
-
-    net: nn.Module                        # what the forward calls: ddp, or torch.compile(ddp)
-    ddp: DDP
-    plan: BatchPlan                       # this rank's share of the global batch, in passes
-    loss_fn: nn.Module
-    optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler          # enabled for fp16 only
-    dtype: torch.dtype | None             # autocast dtype, None: full precision
-    device: torch.device
-    channels_last: bool = False
-    grad_clip: float = 0.0                # max gradient norm, 0: no clipping
-    compression: CompressionState | None = None  # the comm hook's state (4.4)
-
-
-def train_step(parts: StepParts, batch, timer: StepTimer, faults: FaultInjector) -> float:
-    """One optimizer step over this rank's share of a global batch, in plan.micro_batches
-    passes (DDP's all-reduce runs in the last backward only); returns this rank's mean loss.
-    A step the loss scaler skips (inf/NaN gradients) also empties the compression memory,
-    which would otherwise carry the inf into every later step."""
-    x, y = batch
-    x = x.to(parts.device, non_blocking=True,
-             memory_format=torch.channels_last if parts.channels_last else torch.preserve_format)
-    y = y.to(parts.device, non_blocking=True)
-    total = 0.0
-    slices = parts.plan.micro_slices()
-    for i, (part, weight) in enumerate(slices):
-        sync = contextlib.nullcontext() if i == len(slices) - 1 else parts.ddp.no_sync()
-        with sync:
-            with timer.phase("forward"):
-                faults.point("forward")
-                with torch.autocast(parts.device.type, dtype=parts.dtype, enabled=parts.dtype is not None):
-                    loss = parts.loss_fn(parts.net(x[part]), y[part])
-            with timer.phase("backward"):
-                faults.point("backward")
-                parts.scaler.scale(loss * weight).backward()
-        total += loss.detach() * weight
-    with timer.phase("optimizer"):
-        scaler, optimizer = parts.scaler, parts.optimizer
-        if parts.grad_clip > 0:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(parts.ddp.parameters(), parts.grad_clip)
-        scale = scaler.get_scale()  # 1.0 when disabled
-        scaler.step(optimizer)
-        scaler.update()  # the scale shrinks exactly when the gradients were not finite
-        optimizer.zero_grad(set_to_none=True)
-        if parts.compression is not None and scaler.get_scale() < scale:
-            parts.compression.reset_memory()
-    return float(total)
-
-
-# ---------------------------------------------------------------- what rank 0 shows
-
-
-def _progress_bar(cfg: TrainConfig, rank: int, total: int, done: int):
-    if rank != 0 or not cfg.progress:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=done, unit="step", dynamic_ncols=True, desc="train")
-
-
-def _log_step(metrics, bar, step, loss, scheduler, times, report, device, every) -> None:
-    if bar is not None:
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
-    if metrics is None:
-        return
-    if report and report["stragglers"]:
-        slow = ", ".join(f"rank {s['rank']} on {s['host']} ({s['score']:.2f}x median, {s['phase']})"
-                         for s in report["stragglers"])
-        metrics.write(step, event="straggler", stragglers=report["stragglers"], scores=report["scores"])
-        (bar.write if bar is not None else print)(f"straggler at step {step}: {slow}")
-    if step % every == 0:
-        metrics.write(step, event="train", loss=loss, lr=scheduler.get_last_lr()[0],
-                      **{f"{k}_s": v for k, v in times.items() if k not in ("samples", "samples_per_s")},
-                      samples_per_s=times["samples_per_s"],
-                      global_samples_per_s=report["samples_per_s"] if report else None,
-                      **memory_stats(device))
-
-
-def _log_epoch(metrics, bar, record: dict) -> None:
-    if metrics is None:
-        return
-    metrics.write(record["step"], event="eval", **{k: v for k, v in record.items() if k != "step"})
-    line = f"epoch {record['epoch']}: test accuracy {record['accuracy']:.2%}, test loss {record['test_loss']:.3f}"
-    (bar.write if bar is not None else print)(line)
+    for path in paths:
+        try:
+            path.rename(path.with_name(path.name + suffix))
+            print(f"warning: {path} {why}: set aside as {path.name}{suffix} (delete it when done)",
+                  file=sys.stderr, flush=True)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            print(f"warning: {path} {why}, and could not be set aside ({exc.strerror}): ignored",
+                  file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------- command line
@@ -430,16 +382,43 @@ def default_nproc() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
 
 
+def choose_training_device(device: str, local_ranks: int) -> None:
+    """Check --device against this node (raise ValueError, one line) and pin the backend:
+    auto trains on GPUs when the node has them, one per local rank, and refuses fewer GPUs
+    than local ranks rather than falling back to the CPU without a word; cpu uses gloo
+    even where GPUs are visible."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device == "cpu":
+        os.environ["COURSE_BACKEND"] = "gloo"
+    elif device == "cuda" and gpus == 0:
+        raise ValueError("--device cuda: no GPU is visible to this process (CUDA_VISIBLE_DEVICES? a CPU-only torch?); "
+                         "use --device cpu to train on the CPU")
+    elif 0 < gpus < local_ranks or (device == "cuda" and gpus < local_ranks):
+        raise ValueError(f"{local_ranks} ranks on this node but {gpus} GPU(s) visible: start one rank per GPU "
+                         f"(--nproc-per-node={gpus} under torchrun, --nproc {gpus} without), or --device cpu to train "
+                         "on the CPU")
+
+
 def main(argv: list[str] | None = None) -> None:
     from common.launch import exit_on_user_error, run_or_join
 
     cfg = parse_config(argv)
+    under_torchrun = "RANK" in os.environ
     if cfg.fail_at_step is not None and "TORCHELASTIC_RUN_ID" not in os.environ:
         print("error: --fail-at-step kills a rank on purpose; run under torchrun with --max-restarts=1 or more, "
               "which restarts the group (see solutions/phase4_production/README.md)", file=sys.stderr)
         raise SystemExit(2)
+    if under_torchrun:
+        die_with_parent()  # torchrun starts workers in new sessions: an agent's SIGKILL would orphan us
+    nproc = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if under_torchrun else cfg.nproc or default_nproc()
     with exit_on_user_error():
-        summary = run_or_join(train, cfg.nproc or default_nproc(), args=(cfg,), timeout=cfg.timeout)
+        choose_training_device(cfg.device, nproc)
+        try:  # the launcher forwards SIGTERM and SIGINT to its ranks; a second Ctrl-C stops at once
+            summary = run_or_join(train, nproc, args=(cfg,), timeout=cfg.timeout, forward_signals=stop_signals())
+        except KeyboardInterrupt:
+            print(f"\ninterrupted twice: the ranks were stopped without saving; the newest checkpoint in "
+                  f"{cfg.output_dir}/checkpoints is kept, run the same command to resume", file=sys.stderr)
+            raise SystemExit(130) from None
     if summary is None:  # not rank 0 under torchrun
         return
     if summary["preempted"]:

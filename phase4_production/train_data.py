@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from common.data import DATASET_SHAPES, get_dataset
 from phase4_production.elastic import ElasticSampler
+from phase4_production.lifecycle import loader_worker_init
 
 
 class SyntheticImages(Dataset):
@@ -101,10 +102,11 @@ class RankBatches:
 
 def train_loader(dataset: Dataset, batches: RankBatches, seed: int, workers: int, pin_memory: bool) -> DataLoader:
     """The training DataLoader over `batches`. Its own generator: creating an iterator draws
-    the workers' base seed from it, never from the global RNG a checkpoint restores."""
+    the workers' base seed from it, never from the global RNG a checkpoint restores. Its
+    workers ignore stop signals and die with the rank (lifecycle.loader_worker_init)."""
     return DataLoader(SeededSamples(dataset, seed), batch_sampler=batches, num_workers=workers,
                       pin_memory=pin_memory, persistent_workers=workers > 0,
-                      generator=torch.Generator().manual_seed(seed))
+                      generator=torch.Generator().manual_seed(seed), worker_init_fn=loader_worker_init)
 
 
 def eval_loader(dataset: Dataset, rank: int, world_size: int, batch_size: int, workers: int,
@@ -116,4 +118,5 @@ def eval_loader(dataset: Dataset, rank: int, world_size: int, batch_size: int, w
     part = balanced_ranges(len(dataset), world_size, "test samples")[rank]
     subset = torch.utils.data.Subset(dataset, list(part))
     return DataLoader(subset, batch_size=batch_size, num_workers=workers, pin_memory=pin_memory,
-                      persistent_workers=workers > 0, generator=torch.Generator().manual_seed(0))
+                      persistent_workers=workers > 0, generator=torch.Generator().manual_seed(0),
+                      worker_init_fn=loader_worker_init)

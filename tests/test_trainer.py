@@ -8,9 +8,11 @@ the default ResNet-18 run takes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -21,7 +23,7 @@ import pytest
 import torch
 
 from common.launch import run_world
-from common.torchrun import Torchrun, run_agent
+from common.torchrun import Torchrun, TorchrunError, free_port, multi_node_args, run_agent
 from solutions.phase4_production.checkpoint import load_verified
 from solutions.phase4_production.config import RECIPES, TrainConfig, build_parser, load_recipe, parse_config
 from solutions.phase4_production.train_data import SeededSamples
@@ -257,6 +259,72 @@ def test_trainer_keeps_its_new_checkpoints_when_every_old_one_is_corrupt(base, t
     assert len(list((tmp_path / "checkpoints").glob("step_*.pt.corrupt"))) == 3, "a corrupt checkpoint was lost"
 
 
+# ---------------------------------------------------------------- the output folder on a cluster
+
+
+def _lease(folder: Path, **record) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ".writer").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                                "run_id": "another-job", "since": time.time(), **record}))
+
+
+def test_a_second_trainer_on_a_live_output_dir_is_refused_in_one_line(tmp_path):
+    assert launch(tmp_path, "--max-steps", "3").returncode == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "checkpoints").iterdir()}
+    _lease(tmp_path)  # a live writer: this very test process
+    _one_line_error(launch(tmp_path), "in use by another run", "another-job", "--output-dir")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "checkpoints").iterdir()} == before
+    assert json.loads((tmp_path / ".writer").read_text())["run_id"] == "another-job", "the live lease was taken"
+
+
+def test_a_stale_writer_lease_is_taken_over_with_a_message(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    _lease(tmp_path / "dead-pid", pid=int(dead.stdout))  # this host, its process gone
+    _lease(tmp_path / "silent-host", host="another-node")
+    os.utime(tmp_path / "silent-host" / ".writer", (time.time() - 3600, time.time() - 3600))  # no heartbeat for 1 h
+    for folder, why in ((tmp_path / "dead-pid", "its process is gone"), (tmp_path / "silent-host", "no heartbeat")):
+        proc = launch(folder, "--max-steps", "2")
+        assert proc.returncode == 0 and why in proc.stderr and "took over" in proc.stderr, proc.stderr[-3000:]
+        assert not (folder / ".writer").exists(), "the lease outlived the run that held it"
+    _lease(tmp_path / "live-host", host="another-node")  # another node, heartbeat fresh: alive
+    _one_line_error(launch(tmp_path / "live-host"), "in use by another run", "another-node")
+
+
+def test_an_output_dir_that_one_node_cannot_see_is_reported_in_one_line(tmp_path):
+    """Two torchrun agents (two "nodes" on this host) whose relative --output-dir resolves
+    to different folders, as a path off the shared file system would on one node."""
+    port, outputs = free_port(), []
+    for node in range(2):
+        (tmp_path / f"node{node}").mkdir()
+    with contextlib.ExitStack() as stack:
+        jobs = [stack.enter_context(Torchrun(timeout=120, env=ENV, cwd=tmp_path / f"node{node}")) for node in range(2)]
+        for job in jobs:
+            job.start(multi_node_args(2, 1, port, "not-shared") + ["-m", MODULE, "--output-dir", "run", *FLAGS])
+        for job in jobs:
+            with contextlib.suppress(TorchrunError):
+                job.wait()
+            outputs.append(job.agents[0].output)
+    errors = [line for text in outputs for line in text.splitlines() if line.startswith("error:")]
+    assert errors and all("is not shared by every node" in line for line in errors), "\n".join(outputs)[-4000:]
+    assert not list((tmp_path / "node0").glob("run/checkpoints/*")) + list((tmp_path / "node1").glob("run/checkpoints/*"))
+
+
+def test_changed_hyperparameters_on_resume_are_refused_or_applied_as_asked(tmp_path):
+    assert launch(tmp_path, "--max-steps", "4").returncode == 0
+    refused = launch(tmp_path, "--lr", "0.05", "--weight-decay", "0.001")
+    _one_line_error(refused, "--lr 0.02 -> 0.05", "--weight-decay 0.0005 -> 0.001", "--apply-changes")
+    _one_line_error(launch(tmp_path, "--optimizer", "adamw", "--apply-changes"), "--optimizer", "cannot change")
+    applied = launch(tmp_path, "--lr", "0.05", "--weight-decay", "0.001", "--epochs", "2", "--apply-changes",
+                     "--max-steps", "5", "--log-every", "5")
+    assert applied.returncode == 0 and "applying changed hyperparameters at step 4" in applied.stdout, \
+        applied.stdout + applied.stderr[-3000:]
+    state = load_verified(tmp_path / "checkpoints" / "step_000000005.pt")
+    groups = state["optimizer"]["param_groups"]
+    assert groups[0]["weight_decay"] == 0.001 and groups[0]["initial_lr"] == pytest.approx(0.05), groups[0]
+    assert state["progress"]["config"]["lr"] == 0.05, "the checkpoint does not record the config it was trained with"
+    assert len(list((tmp_path / "configs").glob("*.json"))) == 2, "one config file per start that ran (refused: none)"
+
+
 def test_trainer_resumes_at_another_world_size(tmp_path):
     first = launch(tmp_path, "--max-steps", "4")
     assert first.returncode == 0 and "stopped at step 4 of 22" in first.stdout, first.stdout + first.stderr[-2000:]
@@ -385,7 +453,7 @@ BAD_VALUES = {
     "checkpoint_every": ["0"], "keep": ["0"], "fail_at_step": ["-1"], "fail_rank": ["-1"], "log_every": ["0"],
     "straggler_every": ["0"], "straggler_threshold": ["0", "nan"], "profile_steps": ["-1"],
     "tensorboard": ["maybe"], "progress": ["maybe"], "max_steps": ["0"], "device": ["tpu"], "nproc": ["0"],
-    "timeout": ["0", "nan", "inf"],
+    "timeout": ["0", "nan", "inf"], "apply_changes": ["maybe"],
 }
 
 
@@ -439,6 +507,9 @@ def test_trainer_rejects_a_bad_recipe_key(tmp_path, capsys):
 
 def test_trainer_reports_a_missing_dataset_in_one_line(tmp_path):
     _one_line_error(launch(tmp_path, "--dataset", "cifar10", "--data-root", str(tmp_path / "nowhere")),
+                    "--data-root", "is not a folder", "data/README.md")
+    (tmp_path / "empty").mkdir()
+    _one_line_error(launch(tmp_path, "--dataset", "cifar10", "--data-root", str(tmp_path / "empty")),
                     "CIFAR-10 not found", "data/README.md")
 
 

@@ -84,6 +84,10 @@ class TrainConfig:
     tensorboard: bool = _opt(True, "also write TensorBoard scalars to OUTPUT_DIR/tensorboard when tensorboard is installed")
     progress: bool = _opt(True, "progress bar on rank 0")
     max_steps: int | None = _opt(None, "stop after this many steps in all (a shorter run of the same schedule)")
+    apply_changes: bool = _opt(False, "on resume, continue with hyperparameters that differ from the checkpoint's "
+                                      "(--lr, --momentum, --weight-decay, --epochs, --warmup-epochs, ...) instead of "
+                                      "refusing: the optimizer takes the new values, and the LR schedule is recomputed "
+                                      "for the new --epochs/--warmup-epochs at the resumed step (the LR jumps to it)")
     # launch
     device: str = _opt("auto", "train on GPUs (one per local rank; fewer GPUs than ranks is an error) or the CPU "
                                "(auto: GPUs when this node has any)", choices=("auto", "cuda", "cpu"))
@@ -146,6 +150,30 @@ def _check_output_dir(path: str) -> None:
         raise ValueError(f"--output-dir {path}: {existing} is not a folder, so the output folder cannot be made there")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"--output-dir {path}: {existing} is not writable by this user; name a folder you can write")
+
+
+# What a run is: checkpoints of another identity are refused (another --output-dir).
+IDENTITY = ("model", "dataset", "image_size", "global_batch", "seed")
+# Where and how it runs, not what it computes: may change between two starts of a run.
+OPERATIONAL = frozenset({
+    "data_root", "workers", "channels_last", "compile", "micro_batch", "deterministic", "output_dir",
+    "checkpoint_every", "keep", "fail_at_step", "fail_rank", "log_every", "straggler_every", "straggler_threshold",
+    "profile_steps", "tensorboard", "progress", "max_steps", "nproc", "timeout", "device", "apply_changes"})
+# Cannot change in the middle of a run, even with --apply-changes: the optimizer's state, the
+# loss scaler's, or the data order of the checkpoint would not fit.
+FIXED = ("optimizer", "amp", "synthetic_size")
+
+
+def changed_hyperparameters(saved: dict, cfg: TrainConfig) -> dict[str, tuple[Any, Any]]:
+    """{field: (value in the checkpoint's config, value now)} for every field that changes
+    what the run computes (not its identity, not OPERATIONAL) and differs."""
+    now = dataclasses.asdict(cfg)
+    return {name: (saved[name], now[name]) for name in now
+            if name in saved and name not in OPERATIONAL and name not in IDENTITY and saved[name] != now[name]}
+
+
+def describe_changes(changes: dict[str, tuple[Any, Any]]) -> str:
+    return ", ".join(f"--{_flag(name)} {old} -> {new}" for name, (old, new) in changes.items())
 
 
 def _flag(name: str) -> str:

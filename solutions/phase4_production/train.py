@@ -48,13 +48,15 @@ from common.models import build_model
 from solutions.phase4_production.checkpoint import CheckpointManager, training_state, unwrap
 from solutions.phase4_production.compression import (CompressionState, PowerSGDState, TopKState, powersgd_hook,
                                                      topk_hook)
-from solutions.phase4_production.config import TrainConfig, parse_config
+from solutions.phase4_production.config import (FIXED, IDENTITY, TrainConfig, changed_hyperparameters,
+                                                describe_changes, parse_config)
 from solutions.phase4_production.elastic import ElasticSampler, plan_batches
 from solutions.phase4_production.lifecycle import die_with_parent, orphaned, stop_signals
 from solutions.phase4_production.monitoring import (MetricsWriter, StepTimer, StragglerDetector,
                                                     training_profiler)
 from solutions.phase4_production.recovery import (Fault, FaultInjector, PreemptionHandler, current_attempt,
-                                                  resume)
+                                                  resume, set_aside_newer)
+from solutions.phase4_production.run_folder import claim_output_dir
 from solutions.phase4_production.train_data import RankBatches, build_datasets, eval_loader, train_loader
 from solutions.phase4_production.train_report import log_epoch, log_step, progress_bar
 from solutions.phase4_production.train_step import (NonFiniteLoss, StepParts, autocast_dtype, lr_schedule,
@@ -76,8 +78,7 @@ def fingerprint(model: nn.Module) -> str:
 
 def identity(cfg: TrainConfig) -> dict:
     """What a checkpoint must match to be resumed by this config (else it is another run)."""
-    return {"model": cfg.model, "dataset": cfg.dataset, "image_size": cfg.image_size,
-            "global_batch": cfg.global_batch, "seed": cfg.seed}
+    return {name: getattr(cfg, name) for name in IDENTITY}
 
 
 def _seed_everything(seed: int) -> None:
@@ -112,7 +113,8 @@ def train(cfg: TrainConfig) -> dict:
     the summary (on every rank). Collective: every rank of the process group calls it.
     A stop signal (SIGTERM, SIGINT) is recorded from the first line on: the run stops and
     saves at the next step boundary, however early it came."""
-    with PreemptionHandler(stop_signals(), device=current_device()) as preemption:
+    device = current_device()
+    with PreemptionHandler(stop_signals(), device=device) as preemption, claim_output_dir(cfg.output_dir, device):
         return _train(cfg, preemption)
 
 
@@ -170,7 +172,10 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
     metrics = MetricsWriter(out / "metrics.jsonl", rank, board) if rank == 0 else None
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+        resolved = json.dumps(dataclasses.asdict(cfg), indent=2) + "\n"
+        (out / "config.json").write_text(resolved)  # the latest start's; configs/ keeps every attempt's
+        (out / "configs").mkdir(exist_ok=True)
+        (out / "configs" / f"{time.strftime('%Y%m%d-%H%M%S')}-attempt{attempt.restart}-pid{os.getpid()}.json").write_text(resolved)
         print(f"rank 0 of {world} on {device}, attempt {attempt.restart}: "
               f"{'resuming' if step else 'starting'} at step {step} of {total_steps} "
               f"({plan.per_rank} samples per rank per step, {plan.accumulation} accumulation pass(es)); "
@@ -199,7 +204,7 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
         began = time.perf_counter()
         state = training_state(ddp, optimizer, scheduler, scaler,
                                {"step": step, "data": sampler.state_dict(), "history": history,
-                                "identity": identity(cfg)})
+                                "identity": identity(cfg), "config": dataclasses.asdict(cfg)})
         with faults.saving():
             path = checkpoints.save(step, state)
         if metrics is not None:  # what checkpointing costs: compare with step_s x --checkpoint-every
@@ -301,22 +306,55 @@ def _resume(checkpoints, cfg, ddp, optimizer, scheduler, scaler, device) -> dict
     except (RuntimeError, KeyError, ValueError) as exc:
         if "state_dict" not in str(exc) and not isinstance(exc, KeyError):
             raise
+        newest = checkpoints.load_latest()  # why the state did not fit: a setting that cannot change?
+        if newest is not None and "config" in newest[1]["progress"]:
+            _check_changes(changed_hyperparameters(newest[1]["progress"]["config"], cfg), cfg, checkpoints, newest[0])
         raise ValueError(f"the checkpoints in {checkpoints.folder} are not of this run "
                          f"({str(exc).splitlines()[0]}): use another --output-dir, or delete them to start over") from None
     if progress is not None and progress.get("identity") != identity(cfg):
         raise ValueError(f"the checkpoints in {checkpoints.folder} were written by a run with "
                          f"{progress.get('identity')}, this run has {identity(cfg)}: use another --output-dir, "
                          "or delete them to start over")
-    _set_aside_newer(checkpoints, int(progress["step"]) if progress else -1)
+    set_aside_newer(checkpoints, int(progress["step"]) if progress else None)  # failed verification
+    changes = changed_hyperparameters(progress["config"], cfg) if progress and "config" in progress else {}
+    if changes:
+        _check_changes(changes, cfg, checkpoints, progress["step"])
+        _apply_changes(cfg, unwrap(ddp), optimizer, scheduler, changes)
     return progress
 
 
-def _set_aside_newer(checkpoints: CheckpointManager, resumed: int) -> None:
-    """Rename the checkpoints newer than the one resumed (they failed verification) to
-    `step_*.pt.corrupt` on rank 0: kept for inspection, no longer counted by keep-last-k,
-    which would otherwise prune the new good checkpoints below them."""
-    _set_aside([checkpoints.path_for(step) for step in checkpoints.steps() if step > resumed], ".corrupt",
-               "is a corrupt checkpoint")
+def _check_changes(changes: dict, cfg: TrainConfig, checkpoints: CheckpointManager, step: int) -> None:
+    """Raise ValueError (one line) for hyperparameters that differ from the checkpoint's,
+    unless --apply-changes asks for them; settings in FIXED cannot change at all."""
+    fixed = [name for name in FIXED if name in changes]
+    if fixed:
+        raise ValueError(f"the checkpoints in {checkpoints.folder} were trained with other settings "
+                         f"({describe_changes(changes)}); {', '.join('--' + n for n in fixed)} cannot change in "
+                         "the middle of a run: use the old values, or another --output-dir")
+    if changes and not cfg.apply_changes:
+        raise ValueError(f"the checkpoints in {checkpoints.folder} were trained with other hyperparameters "
+                         f"({describe_changes(changes)}): rerun with the old values, or add --apply-changes to "
+                         f"continue from step {step} with the new ones")
+
+
+def _apply_changes(cfg: TrainConfig, model: nn.Module, optimizer, scheduler, changes: dict) -> None:
+    """Put the config's hyperparameters into a resumed optimizer and LR schedule (which hold
+    the checkpoint's) and say what changed, on rank 0. The schedule's function was built from
+    the new --epochs/--warmup-epochs already; the peak LR is set anew from --lr."""
+    before = [group["lr"] for group in optimizer.param_groups]
+    fresh = make_optimizer(cfg, model)  # the groups and values this config gives, without state
+    factor = scheduler.lr_lambdas[0](scheduler.last_epoch)
+    for group, new in zip(optimizer.param_groups, fresh.param_groups):
+        for key in ("weight_decay", "momentum", "nesterov"):
+            if key in new:
+                group[key] = new[key]
+        group["initial_lr"] = new["lr"]
+        group["lr"] = new["lr"] * factor
+    scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
+    if current_attempt().rank == 0:
+        print(f"applying changed hyperparameters at step {scheduler.last_epoch} (--apply-changes): "
+              f"{describe_changes(changes)}; the LR goes from {before[0]:.6g} to {optimizer.param_groups[0]['lr']:.6g}",
+              flush=True)
 
 
 def _set_aside(paths: list[Path], suffix: str, why: str) -> None:

@@ -1,0 +1,93 @@
+"""The run's lifecycle on a cluster: which signals stop it, and who may outlive whom.
+
+    stop_signals()           SIGTERM and SIGINT: what a scheduler, `docker stop`, `timeout`,
+                             Ctrl-C and torchrun's agent (which forwards what it got) send
+    die_with_parent()        this process ends when the process that started it dies
+    loader_worker_init(...)  DataLoader workers ignore the stop signals and die with their rank
+
+Who receives a stop signal. torchrun's agent sends the signal it got to each worker's whole
+process group (os.killpg in torch's SubprocessHandler.close, torch 2.14), and a rank's
+DataLoader workers are in that group. A worker killed by it makes the rank raise "DataLoader
+worker (pid ...) is killed by signal: Terminated" in the middle of a step, before the rank
+can save. So workers ignore SIGTERM and SIGINT: the rank alone decides to stop (at the next
+step boundary, after saving) and then shuts its workers down itself.
+
+Who outlives whom. torchrun starts each worker in a new session, so a SIGKILLed agent (an
+OOM kill, a container runtime losing its main process) leaves its workers training with
+nobody to restart them, racing the relaunch for the output folder. Each rank and each
+loader worker therefore asks Linux to SIGKILL it when its parent dies (PR_SET_PDEATHSIG);
+elsewhere a thread polls its parent. SIGKILL, not a catchable signal: an orphan must stop
+without writing anything more.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_parent: int | None = None  # the parent die_with_parent() watches
+
+
+def stop_signals() -> tuple[int, ...]:
+    """The signals that ask the run to stop at the next step boundary (and save)."""
+    return (signal.SIGTERM, signal.SIGINT)
+
+
+def die_with_parent(poll_s: float = 0.5) -> None:
+    """SIGKILL this process as soon as its parent (the torchrun agent, the launcher's fork
+    server, a rank for its loader workers) dies. Linux: the kernel does it (PR_SET_PDEATHSIG;
+    it fires when the parent *thread* that started us exits, and torchrun and the DataLoader
+    start their children from the main thread). Elsewhere: a daemon thread checks the parent
+    every `poll_s` seconds. A parent that is already gone ends this process at once."""
+    global _parent
+    parent = _parent = os.getppid()
+    armed = False
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            armed = libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            armed = False
+    if parent == 1 or not _alive(parent):  # orphaned before we could ask
+        os.kill(os.getpid(), signal.SIGKILL)
+    if not armed:
+        threading.Thread(target=_watch_parent, args=(parent, poll_s), name="die-with-parent", daemon=True).start()
+
+
+def orphaned() -> bool:
+    """Whether the parent die_with_parent() was armed against is gone (the kernel's SIGKILL
+    may take a moment to arrive: check this before anything that writes)."""
+    return _parent is not None and os.getppid() != _parent
+
+
+def _alive(pid: int) -> bool:
+    if sys.platform == "win32":  # os.kill(pid, 0) would terminate it there
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, not ours to signal (or Windows: no signal 0)
+        return True
+    return True
+
+
+def _watch_parent(parent: int, poll_s: float) -> None:
+    while os.getppid() == parent and _alive(parent):
+        time.sleep(poll_s)
+    if hasattr(signal, "SIGKILL"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(3)
+
+
+def loader_worker_init(worker_id: int) -> None:
+    """DataLoader worker_init_fn: ignore the stop signals sent to the rank's process group
+    (the rank stops at a step boundary and shuts its workers down), and die with the rank."""
+    for sig in stop_signals():
+        signal.signal(sig, signal.SIG_IGN)
+    die_with_parent()

@@ -1,0 +1,118 @@
+"""One optimizer step of the trainer, and what it is built from.
+
+    lr_schedule, make_optimizer   the optimizer and its schedule (from the config)
+    autocast_dtype                --amp on this device
+    StepParts + train_step        one step over this rank's share of a global batch:
+                                  forward/backward per micro-batch (DDP syncs on the last),
+                                  unscale + clip, optimizer, loss scaler, compression memory
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from phase4_production.compression import CompressionState
+from phase4_production.config import TrainConfig
+from phase4_production.elastic import BatchPlan
+from phase4_production.monitoring import StepTimer
+from phase4_production.recovery import FaultInjector
+
+
+def autocast_dtype(mode: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for --amp on this device (None: full precision). auto: bf16 on a
+    GPU that has it natively (Ampere or newer), fp16 on older GPUs, off on CPU."""
+    if mode == "off" or (mode == "auto" and device.type != "cuda"):
+        return None
+    if mode == "auto":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+    return torch.bfloat16 if mode == "bf16" else torch.float16
+
+
+def lr_schedule(steps_per_epoch: int, epochs: int, warmup_epochs: float):
+    """Multiplier of the peak lr at step s: linear warm-up from 1/10 over warmup_epochs,
+    then cosine decay to 0 at the last step (a function for LambdaLR)."""
+    total = steps_per_epoch * epochs
+    warmup = min(int(round(warmup_epochs * steps_per_epoch)), total - 1)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return 0.1 + 0.9 * step / warmup
+        progress = (step - warmup) / max(total - warmup, 1)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+    return factor
+
+
+def make_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+    """SGD (nesterov) or AdamW at lr x global_batch / reference_batch (the linear scaling
+    rule); no weight decay on biases and normalisation weights (1-D parameters)."""
+    decay = [p for p in model.parameters() if p.ndim > 1]
+    no_decay = [p for p in model.parameters() if p.ndim <= 1]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    lr = cfg.lr * cfg.global_batch / cfg.reference_batch
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=lr)
+    return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.momentum > 0)
+
+
+class NonFiniteLoss(ValueError):
+    """The loss became NaN or infinite: the run stops, and that state is never saved."""
+
+
+@dataclasses.dataclass
+class StepParts:
+    """What every optimizer step of an attempt uses."""
+
+    net: nn.Module                        # what the forward calls: ddp, or torch.compile(ddp)
+    ddp: DDP
+    plan: BatchPlan                       # this rank's share of the global batch, in passes
+    loss_fn: nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler          # enabled for fp16 only
+    dtype: torch.dtype | None             # autocast dtype, None: full precision
+    device: torch.device
+    channels_last: bool = False
+    grad_clip: float = 0.0                # max gradient norm, 0: no clipping
+    compression: CompressionState | None = None  # the comm hook's state (4.4)
+
+
+def train_step(parts: StepParts, batch, timer: StepTimer, faults: FaultInjector) -> float:
+    """One optimizer step over this rank's share of a global batch, in plan.micro_batches
+    passes (DDP's all-reduce runs in the last backward only); returns this rank's mean loss.
+    A step the loss scaler skips (inf/NaN gradients) also empties the compression memory,
+    which would otherwise carry the inf into every later step."""
+    x, y = batch
+    x = x.to(parts.device, non_blocking=True,
+             memory_format=torch.channels_last if parts.channels_last else torch.preserve_format)
+    y = y.to(parts.device, non_blocking=True)
+    total = 0.0
+    slices = parts.plan.micro_slices()
+    for i, (part, weight) in enumerate(slices):
+        sync = contextlib.nullcontext() if i == len(slices) - 1 else parts.ddp.no_sync()
+        with sync:
+            with timer.phase("forward"):
+                faults.point("forward")
+                with torch.autocast(parts.device.type, dtype=parts.dtype, enabled=parts.dtype is not None):
+                    loss = parts.loss_fn(parts.net(x[part]), y[part])
+            with timer.phase("backward"):
+                faults.point("backward")
+                parts.scaler.scale(loss * weight).backward()
+        total += loss.detach() * weight
+    with timer.phase("optimizer"):
+        scaler, optimizer = parts.scaler, parts.optimizer
+        if parts.grad_clip > 0:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(parts.ddp.parameters(), parts.grad_clip)
+        scale = scaler.get_scale()  # 1.0 when disabled
+        scaler.step(optimizer)
+        scaler.update()  # the scale shrinks exactly when the gradients were not finite
+        optimizer.zero_grad(set_to_none=True)
+        if parts.compression is not None and scaler.get_scale() < scale:
+            parts.compression.reset_memory()
+    return float(total)
