@@ -29,6 +29,7 @@ several joined by ";", e.g. from the environment variable COURSE_FAULTS.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import signal
@@ -48,7 +49,7 @@ from phase4_production.checkpoint import (CheckpointManager, load_verified, rest
 
 FAULTS_ENV = "COURSE_FAULTS"
 PHASES = ("forward", "backward", "allreduce", "save")
-ACTIONS = ("kill", "term", "int", "kill-launcher")
+ACTIONS = ("kill", "term", "int", "kill-launcher", "hang", "enospc")
 
 
 # ---------------------------------------------------------------- who am I, this attempt
@@ -158,8 +159,10 @@ class PreemptionHandler:
 
 @dataclass(frozen=True)
 class Fault:
-    """Kill (SIGKILL) `rank`, or signal the job's launcher (action "term": SIGTERM, "int":
-    SIGINT, "kill-launcher": SIGKILL), when it reaches `phase` of
+    """Kill (SIGKILL) `rank`, make it hang (action "hang": alive, never back), make its write
+    fail as on a full disk (action "enospc", for phase "save"), or signal the
+    job's launcher (action "term": SIGTERM, "int": SIGINT, "kill-launcher": SIGKILL), when it
+    reaches `phase` of
     step `step` (0-based) in restart attempt `attempt` (TORCHELASTIC_RESTART_COUNT).
     phase "save" fires while the checkpoint taken at the end of step `step` is being
     written (half its bytes are in the temporary file, the rename has not happened), on
@@ -277,6 +280,11 @@ class FaultInjector:
             os.kill(os.getpid(), signal.SIGKILL)
         elif fault.action == "kill-launcher":
             _kill_launcher()
+        elif fault.action == "hang":  # alive but stuck (a dead NIC, a GPU hang): only a timeout notices
+            while True:
+                time.sleep(3600)
+        elif fault.action == "enospc":  # the write fails as on a full disk (phase "save": half the bytes are out)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         else:
             _signal_via_launcher(signal.SIGTERM if fault.action == "term" else signal.SIGINT)
 

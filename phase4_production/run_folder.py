@@ -4,6 +4,7 @@
     WriterLease(folder).acquire()     rank 0 holds OUTPUT_DIR/.writer (host, pid, run id,
                                       heartbeat) while it may write; a second live run is refused
     check_shared(folder, device)      every rank sees what rank 0 wrote there, or a one-line error
+    why_unwritable(folder, exc)       "no space left", "read-only", ...: why a write there failed
 
 Why a lease. Two jobs pointed at one --output-dir (a resubmitted job while the first still
 runs, a copy-pasted command) would resume each other's checkpoints, and each one's pruning
@@ -24,6 +25,7 @@ from step 0. Rank 0 writes a nonce, every rank looks for it, and all agree.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -192,3 +194,30 @@ def claim_output_dir(folder: str | Path, device: torch.device) -> Iterator[None]
     finally:
         if lease is not None:
             lease.release()
+
+
+_WHY = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is exceeded",
+        errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+        errno.EPERM: "operation not permitted"}
+
+
+def why_unwritable(folder: str | Path, exc: BaseException) -> str | None:
+    """Why writing in `folder` failed with `exc`, when no restart can fix it: from the errno
+    of an OSError in exc's chain, or (torch.save reports a failed write as "unexpected pos")
+    from the folder itself. None: another kind of failure."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in _WHY:
+            return _WHY[seen.errno]
+        seen = seen.__cause__ or seen.__context__
+    try:
+        stats = os.statvfs(folder)
+    except (OSError, AttributeError):  # gone, or no statvfs (Windows)
+        return None
+    if stats.f_flag & getattr(os, "ST_RDONLY", 1):
+        return _WHY[errno.EROFS]
+    if stats.f_bavail * stats.f_frsize < (1 << 20):
+        return _WHY[errno.ENOSPC]
+    if not os.access(folder, os.W_OK):
+        return _WHY[errno.EACCES]
+    return None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import hashlib
 import importlib.util
 import json
@@ -36,6 +37,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -48,15 +50,16 @@ from common.models import build_model
 from phase4_production.checkpoint import CheckpointManager, training_state, unwrap
 from phase4_production.compression import (CompressionState, PowerSGDState, TopKState, powersgd_hook,
                                                      topk_hook)
-from phase4_production.config import (FIXED, IDENTITY, TrainConfig, changed_hyperparameters,
+from phase4_production.config import (FIXED, IDENTITY, ConfigError, TrainConfig, changed_hyperparameters,
                                                 describe_changes, parse_config)
 from phase4_production.elastic import ElasticSampler, plan_batches
-from phase4_production.lifecycle import die_with_parent, orphaned, stop_signals
+from phase4_production.lifecycle import (die_with_parent, fatal_reported, orphaned, report_fatal,
+                                                   stop_signals)
 from phase4_production.monitoring import (MetricsWriter, StepTimer, StragglerDetector,
                                                     training_profiler)
 from phase4_production.recovery import (Fault, FaultInjector, PreemptionHandler, current_attempt,
                                                   resume, set_aside_newer)
-from phase4_production.run_folder import claim_output_dir
+from phase4_production.run_folder import claim_output_dir, why_unwritable
 from phase4_production.train_data import RankBatches, build_datasets, eval_loader, train_loader
 from phase4_production.train_report import log_epoch, log_step, progress_bar
 from phase4_production.train_step import (NonFiniteLoss, StepParts, autocast_dtype, lr_schedule,
@@ -114,8 +117,34 @@ def train(cfg: TrainConfig) -> dict:
     A stop signal (SIGTERM, SIGINT) is recorded from the first line on: the run stops and
     saves at the next step boundary, however early it came."""
     device = current_device()
+    if dist.is_initialized():  # building data, model and the first step (compile, autotuning) may be slow
+        dist.set_timeout(datetime.timedelta(seconds=cfg.pg_init_timeout))
     with PreemptionHandler(stop_signals(), device=device) as preemption, claim_output_dir(cfg.output_dir, device):
         return _train(cfg, preemption)
+
+
+class OutputNotWritable(ValueError):
+    """The output folder cannot take a checkpoint (full, read-only, ...): no restart fixes it."""
+
+
+class CollectiveTimeout(RuntimeError):
+    """A collective waited longer than --pg-timeout: a rank is stuck or dead. Not the user's
+    doing, so torchrun restarts the attempt (from the newest checkpoint)."""
+
+
+@contextlib.contextmanager
+def _named_timeouts(cfg: TrainConfig, place: dict) -> Iterator[None]:
+    """Turn a collective's timeout (gloo raises it; NCCL's watchdog aborts the process and
+    its flight recorder says where) into one line naming the step and the collective."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower():
+            raise
+        limit = cfg.pg_timeout if place["step"] > place["first"] else cfg.pg_init_timeout
+        raise CollectiveTimeout(f"step {place['step'] + 1}: {place['what']} waited more than {limit:g} s "
+                                f"(--pg-timeout/--pg-init-timeout) for another rank, which is stuck or dead; this "
+                                "attempt ends, and torchrun restarts it from the newest checkpoint") from None
 
 
 def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
@@ -205,8 +234,16 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
         state = training_state(ddp, optimizer, scheduler, scaler,
                                {"step": step, "data": sampler.state_dict(), "history": history,
                                 "identity": identity(cfg), "config": dataclasses.asdict(cfg)})
-        with faults.saving():
-            path = checkpoints.save(step, state)
+        try:
+            with faults.saving():
+                path = checkpoints.save(step, state)
+        except (OSError, RuntimeError) as exc:
+            why = why_unwritable(checkpoints.folder, exc) if rank == 0 else None
+            if why is None:
+                raise
+            raise OutputNotWritable(f"cannot write the checkpoint of step {step} in {checkpoints.folder}: {why}; "
+                                    "free space or use another --output-dir (the newest complete checkpoint is "
+                                    "kept)") from None
         if metrics is not None:  # what checkpointing costs: compare with step_s x --checkpoint-every
             metrics.write(step, event="checkpoint", seconds=time.perf_counter() - began, bytes=path.stat().st_size)
 
@@ -218,7 +255,8 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
     if step and sampler.consumed == 0 and (not history or history[-1]["step"] != step):
         evaluate_epoch()  # a preemption at the epoch's end skipped it
 
-    with profiler as prof:
+    place = {"step": step, "first": step, "what": "the first step"}  # where a collective may time out
+    with profiler as prof, _named_timeouts(cfg, place):
         while step < end:
             batches = iter(loader)
             while step < end:
@@ -228,7 +266,10 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
                     batch = next(batches, None)
                 if batch is None:
                     break
+                place.update(step=step, what="DDP's gradient all-reduce (in backward)")
                 loss = train_step(parts, batch, timer, faults)
+                if step == place["first"] and dist.is_initialized():  # every rank is in step: from now on, short
+                    dist.set_timeout(datetime.timedelta(seconds=cfg.pg_timeout))
                 if not math.isfinite(loss):
                     raise NonFiniteLoss(f"the loss became {loss} at step {step + 1} (rank {rank}): lower --lr or use "
                                         f"--grad-clip; not saved, the newest checkpoint in {checkpoints.folder} "
@@ -240,14 +281,18 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
                 train_seconds += times["step"]
                 samples_trained += plan.per_rank
                 epoch_done = sampler.consumed == 0
+                place["what"] = "the stop-flag all-reduce (PreemptionHandler.should_stop)"
                 stop = preemption.should_stop()  # before the evaluation: the grace period is ticking
                 if epoch_done and not stop:
+                    place["what"] = "the evaluation's all-reduce"
                     evaluate_epoch()
+                place["what"] = "the straggler report's all-gather"
                 report = stragglers.update(times) if stragglers else None
                 log_step(metrics, bar, step, loss, scheduler, times, report, device, cfg.log_every)
                 if prof is not None:
                     prof.step()
                 if stop or epoch_done or step % cfg.checkpoint_every == 0 or step == end:
+                    place["what"] = "the checkpoint's RNG gather"
                     save()
                 if stop:
                     preempted = True
@@ -377,6 +422,29 @@ def _set_aside(paths: list[Path], suffix: str, why: str) -> None:
 # ---------------------------------------------------------------- command line
 
 
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _one_line(kind, code: int, say) -> Iterator[None]:
+    """An exception of `kind` (a class or a tuple; also as the cause of a failed world) ends
+    the program: `say` gets its one line, and the exit code is `code`."""
+    from common.launch import WorldError
+
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    try:
+        yield
+    except (*kinds, WorldError) as exc:
+        if isinstance(exc, WorldError):
+            causes = [f.exception for f in sorted(exc.failures.values(), key=lambda f: f.when)]
+            exc = next((c for c in causes if isinstance(c, kind)), None) or exc
+        if not isinstance(exc, kind):
+            raise
+        say(str(exc) if isinstance(exc, ConfigError) else f"error: {exc}")
+        raise SystemExit(code) from None
+
+
 def default_nproc() -> int:
     """Ranks to start without torchrun: one per GPU, else 2 CPU ranks."""
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
@@ -400,18 +468,20 @@ def choose_training_device(device: str, local_ranks: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from common.launch import exit_on_user_error, run_or_join
+    from common.launch import USER_ERRORS, run_or_join
 
-    cfg = parse_config(argv)
     under_torchrun = "RANK" in os.environ
-    if cfg.fail_at_step is not None and "TORCHELASTIC_RUN_ID" not in os.environ:
-        print("error: --fail-at-step kills a rank on purpose; run under torchrun with --max-restarts=1 or more, "
-              "which restarts the group (see solutions/phase4_production/README.md)", file=sys.stderr)
-        raise SystemExit(2)
     if under_torchrun:
         die_with_parent()  # torchrun starts workers in new sessions: an agent's SIGKILL would orphan us
-    nproc = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if under_torchrun else cfg.nproc or default_nproc()
-    with exit_on_user_error():
+        if fatal_reported():  # an earlier attempt met an error no restart can fix, and said so
+            raise SystemExit(2)
+    # bad input, a missing dataset, a full disk: one line, once, exit 2; a stuck peer: one line, exit 1 (retried)
+    with _one_line(CollectiveTimeout, code=1, say=_say), _one_line(USER_ERRORS, code=2, say=report_fatal):
+        cfg = parse_config(argv, raise_errors=True)
+        if cfg.fail_at_step is not None and "TORCHELASTIC_RUN_ID" not in os.environ:
+            raise ValueError("--fail-at-step kills a rank on purpose; run under torchrun with --max-restarts=1 or "
+                             "more, which restarts the group (see solutions/phase4_production/README.md)")
+        nproc = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if under_torchrun else cfg.nproc or default_nproc()
         choose_training_device(cfg.device, nproc)
         try:  # the launcher forwards SIGTERM and SIGINT to its ranks; a second Ctrl-C stops at once
             summary = run_or_join(train, nproc, args=(cfg,), timeout=cfg.timeout, forward_signals=stop_signals())

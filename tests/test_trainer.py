@@ -139,6 +139,54 @@ def test_the_launcher_forwards_sigterm_and_sigint_to_its_ranks(base, tmp_path, a
     assert fingerprint_of(again.stdout) == reference(base)
 
 
+def test_a_rank_stuck_before_a_collective_ends_the_attempt_and_the_job_resumes(base, tmp_path):
+    """Rank 1 hangs in the forward of step 7 (alive, never back): rank 0's gradient
+    all-reduce times out after --pg-timeout, the attempt ends with one line naming the
+    step and the collective, and torchrun's restart resumes to the uninterrupted weights."""
+    output, code = run_agent(["--standalone", "--nproc-per-node=2", "--max-restarts=1", "--shutdown-timeout=2",
+                              "-m", MODULE, "--output-dir", str(tmp_path), *FLAGS, "--pg-timeout", "3"],
+                             timeout=240, env={**ENV, "COURSE_FAULTS": "rank=1,step=6,phase=forward,action=hang"},
+                             cwd=ROOT)
+    assert code == 0, output[-4000:]
+    assert "error: step 7: DDP's gradient all-reduce (in backward) waited more than 3 s" in output, output[-4000:]
+    assert "attempt 1: resuming at step 6 of 22" in output, output[-4000:]
+    assert fingerprint_of(output) == reference(base)
+
+
+def test_a_full_disk_is_one_line_naming_the_folder_and_keeps_the_last_checkpoint(tmp_path):
+    proc = launch(tmp_path, faults="rank=0,step=5,phase=save,action=enospc")  # the save of step 6 fails
+    proc.stderr = "\n".join(line for line in proc.stderr.splitlines() if not line.startswith("[fault injector]"))
+    _one_line_error(proc, "cannot write the checkpoint of step 6", "no space left on the device", str(tmp_path))
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["step_000000003.pt"], f"a failed save left {names}"
+
+
+def test_why_a_write_failed_is_read_from_the_errno_or_the_folder(tmp_path, monkeypatch):
+    """torch.save reports a write cut short by a full disk as "unexpected pos": the folder
+    itself then says why."""
+    import errno as errnos
+
+    from solutions.phase4_production.run_folder import why_unwritable
+
+    assert why_unwritable(tmp_path, OSError(errnos.EROFS, "x")) == "the file system is read-only"
+    assert why_unwritable(tmp_path, RuntimeError("boom")) is None  # a healthy folder: not a disk problem
+    real = os.statvfs(tmp_path)
+    full = os.statvfs_result((real.f_bsize, real.f_frsize, real.f_blocks, 0, 0, *real[5:]))
+    monkeypatch.setattr(os, "statvfs", lambda path: full)
+    assert why_unwritable(tmp_path, RuntimeError("unexpected pos 60573824 vs 60573712")) == \
+        "no space left on the device"
+
+
+def test_an_error_no_restart_can_fix_is_printed_once_under_torchrun(tmp_path):
+    (tmp_path / "empty").mkdir()
+    output, code = torchrun(tmp_path / "run", "--dataset", "cifar10", "--data-root", str(tmp_path / "empty"),
+                            restarts=3)
+    assert code != 0, output[-3000:]
+    said = [line for line in output.splitlines() if "CIFAR-10 not found" in line]
+    assert len(said) == 1 and said[0].startswith("error: "), f"said {len(said)} times:\n{output[-4000:]}"
+    assert "solutions/phase4_production/" not in output, f"a traceback of the trainer:\n{output[-4000:]}"
+
+
 def test_a_preemption_at_an_epoch_end_saves_before_evaluating(tmp_path):
     """The grace period does not wait for a pass over the test set: the stop flag is read
     first, and the skipped evaluation runs when the run resumes."""
@@ -453,7 +501,8 @@ BAD_VALUES = {
     "checkpoint_every": ["0"], "keep": ["0"], "fail_at_step": ["-1"], "fail_rank": ["-1"], "log_every": ["0"],
     "straggler_every": ["0"], "straggler_threshold": ["0", "nan"], "profile_steps": ["-1"],
     "tensorboard": ["maybe"], "progress": ["maybe"], "max_steps": ["0"], "device": ["tpu"], "nproc": ["0"],
-    "timeout": ["0", "nan", "inf"], "apply_changes": ["maybe"],
+    "timeout": ["0", "nan", "inf"], "apply_changes": ["maybe"], "pg_timeout": ["0", "nan"],
+    "pg_init_timeout": ["-1", "inf"],
 }
 
 

@@ -88,6 +88,10 @@ class TrainConfig:
                                       "(--lr, --momentum, --weight-decay, --epochs, --warmup-epochs, ...) instead of "
                                       "refusing: the optimizer takes the new values, and the LR schedule is recomputed "
                                       "for the new --epochs/--warmup-epochs at the resumed step (the LR jumps to it)")
+    pg_timeout: float = _opt(300.0, "seconds a collective may wait for the other ranks once the first step is done: "
+                                    "a rank stuck or dead ends the attempt after this long (torchrun restarts it)")
+    pg_init_timeout: float = _opt(900.0, "the same, from the start to the end of the first step (data, model, "
+                                         "resume, compilation and autotuning may be slow on some ranks)")
     # launch
     device: str = _opt("auto", "train on GPUs (one per local rank; fewer GPUs than ranks is an error) or the CPU "
                                "(auto: GPUs when this node has any)", choices=("auto", "cuda", "cpu"))
@@ -134,6 +138,7 @@ _RANGES = {
     "lr": (1e-12, 100.0, True), "momentum": (0.0, 1.0, False), "weight_decay": (0.0, 1.0, True),
     "warmup_epochs": (0.0, 1e6, True), "label_smoothing": (0.0, 1.0, False), "grad_clip": (0.0, 1e12, True),
     "topk_ratio": (1e-9, 1.0, True), "straggler_threshold": (1e-6, 1e6, True), "timeout": (1.0, 1e9, True),
+    "pg_timeout": (1.0, 1e7, True), "pg_init_timeout": (1.0, 1e7, True),
 }
 
 
@@ -158,7 +163,8 @@ IDENTITY = ("model", "dataset", "image_size", "global_batch", "seed")
 OPERATIONAL = frozenset({
     "data_root", "workers", "channels_last", "compile", "micro_batch", "deterministic", "output_dir",
     "checkpoint_every", "keep", "fail_at_step", "fail_rank", "log_every", "straggler_every", "straggler_threshold",
-    "profile_steps", "tensorboard", "progress", "max_steps", "nproc", "timeout", "device", "apply_changes"})
+    "profile_steps", "tensorboard", "progress", "max_steps", "nproc", "timeout", "device", "apply_changes",
+    "pg_timeout", "pg_init_timeout"})
 # Cannot change in the middle of a run, even with --apply-changes: the optimizer's state, the
 # loss scaler's, or the data order of the checkpoint would not fit.
 FIXED = ("optimizer", "amp", "synthetic_size")
@@ -195,10 +201,19 @@ def _field_type(f: dataclasses.Field) -> type:
     return {"str": str, "int": int, "float": float, "bool": bool}[text]
 
 
+class ConfigError(ValueError):
+    """A flag or recipe no run can use; str() is the one line to print."""
+
+
 class _Parser(argparse.ArgumentParser):
+    raise_errors = False
+
     def error(self, message: str):
         """One line, not the usage of forty flags."""
-        self.exit(2, f"{self.prog}: error: {message} (--help lists every option)\n")
+        line = f"{self.prog}: error: {message} (--help lists every option)"
+        if self.raise_errors:
+            raise ConfigError(line)
+        self.exit(2, line + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -255,10 +270,12 @@ def load_recipe(path: str | Path) -> dict[str, Any]:
     return values
 
 
-def parse_config(argv: list[str] | None = None, *, check_paths: bool = True) -> TrainConfig:
-    """defaults < recipe < command line; exits with a one-line error (code 2) on bad input.
-    check_paths=False skips the file-system checks (for command lines of another machine)."""
+def parse_config(argv: list[str] | None = None, *, check_paths: bool = True, raise_errors: bool = False) -> TrainConfig:
+    """defaults < recipe < command line; exits with a one-line error (code 2) on bad input,
+    or raises it as ConfigError with raise_errors=True. check_paths=False skips the
+    file-system checks (for command lines of another machine)."""
     parser = build_parser()
+    parser.raise_errors = raise_errors
     given = vars(parser.parse_args(argv))
     try:
         values = load_recipe(given.pop("config")) if "config" in given else {}

@@ -4,6 +4,8 @@
                              Ctrl-C and torchrun's agent (which forwards what it got) send
     die_with_parent()        this process ends when the process that started it dies
     loader_worker_init(...)  DataLoader workers ignore the stop signals and die with their rank
+    report_fatal(line)       an error no restart can fix, said once per torchrun agent; the
+                             restarted attempts see fatal_reported() and leave at once
 
 Who receives a stop signal. torchrun's agent sends the signal it got to each worker's whole
 process group (os.killpg in torch's SubprocessHandler.close, torch 2.14), and a rank's
@@ -24,10 +26,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _parent: int | None = None  # the parent die_with_parent() watches
@@ -91,3 +96,48 @@ def loader_worker_init(worker_id: int) -> None:
     for sig in stop_signals():
         signal.signal(sig, signal.SIG_IGN)
     die_with_parent()
+
+
+# ---------------------------------------------------------------- errors no restart can fix
+# A wrong --data-root, a full disk, checkpoints of another run: torchrun cannot tell them from
+# a crash and restarts the workers --max-restarts times, each printing the same error. The
+# first rank to meet one leaves a marker for its agent (in the node's temp folder, named by
+# the job and the agent, so a new launch never sees it); every later attempt of that agent
+# leaves at once, silently, and torchrun's restarts cost seconds, not minutes of output.
+
+
+def _fatal_marker() -> Path | None:
+    run = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run is None:
+        return None
+    agent = os.getppid()
+    try:  # the agent's start time too: a pid can be reused
+        started = Path(f"/proc/{agent}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        started = "0"
+    return Path(tempfile.gettempdir()) / f"course-fatal-{re.sub(r'[^A-Za-z0-9_.-]', '_', run)}-{agent}-{started}"
+
+
+def fatal_reported() -> bool:
+    """Under torchrun: whether an attempt of this job under this agent met an error that no
+    restart can fix (then this attempt should leave at once, exit code 2)."""
+    marker = _fatal_marker()
+    return marker is not None and marker.exists()
+
+
+def report_fatal(line: str) -> None:
+    """Print `line` on stderr, unless another rank of this agent's job already printed the
+    same line; under torchrun, leave the marker that fatal_reported() looks for."""
+    marker = _fatal_marker()
+    if marker is None:
+        print(line, file=sys.stderr, flush=True)
+        return
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        if marker.read_text(errors="replace") != line:
+            print(line, file=sys.stderr, flush=True)
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(line)
+    print(line, file=sys.stderr, flush=True)
