@@ -81,8 +81,11 @@ class TrainConfig:
     straggler_every: int = _opt(50, "gather per-rank step times every N steps and name slow ranks")
     straggler_threshold: float = _opt(0.2, "a rank this much slower than the median is a straggler")
     profile_steps: int = _opt(0, "record N steps with torch.profiler (after 5 skipped and 2 warm-up)")
-    tensorboard: bool = _opt(True, "also write TensorBoard scalars to OUTPUT_DIR/tensorboard when tensorboard is installed")
-    progress: bool = _opt(True, "progress bar on rank 0")
+    tensorboard: bool | None = _opt(None, "also write TensorBoard scalars (train/loss, eval/accuracy, ...) to "
+                                          "OUTPUT_DIR/tensorboard (None: when tensorboard is installed; true: warn "
+                                          "when it is not)")
+    progress: bool = _opt(True, "show progress on rank 0: a bar on a terminal, a plain line every --log-every steps "
+                                "when stderr is not one (a log file)")
     max_steps: int | None = _opt(None, "stop after this many steps in all (a shorter run of the same schedule)")
     apply_changes: bool = _opt(False, "on resume, continue with hyperparameters that differ from the checkpoint's "
                                       "(--lr, --momentum, --weight-decay, --epochs, --warmup-epochs, ...) instead of "

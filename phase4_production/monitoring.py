@@ -287,8 +287,11 @@ class MetricsWriter:
     `path` may hold "{rank}": one file per rank, the safe choice (lines that several
     processes append to one file are not guaranteed to stay whole on every file system). Values
     that are 0-d tensors become numbers. With `tensorboard_dir`, numeric fields also go to
-    TensorBoard as scalars `<field>/rank<rank>` when the `tensorboard` package is installed
-    (a warning, once, when it is not).
+    TensorBoard as scalars when the `tensorboard` package is installed (a warning, once, when
+    it is not), tagged `<event>/<field>` when the record has an `event` field (`train/loss`,
+    `eval/accuracy`, `checkpoint/seconds`: one chart per kind of record, so a save's seconds
+    never share a chart with a step's), else `<field>`; on ranks other than 0, `/rank<rank>`
+    is appended.
     """
 
     def __init__(self, path: str | os.PathLike, rank: int | None = None,

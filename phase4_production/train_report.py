@@ -1,41 +1,107 @@
-"""What rank 0 shows while the trainer runs: a progress bar, log lines, metrics records."""
+"""What rank 0 shows and records while the trainer runs.
+
+    RunReport(cfg, rank, ...)   on a terminal: a tqdm bar; in a log file (stdout/stderr not a
+                                terminal, as under SLURM or Kubernetes): one plain line every
+                                --log-every steps, never a carriage return
+      .step(...)                metrics.jsonl "train" records (+ TensorBoard train/...)
+      .epoch(record)            "eval" records: top-1, top-5, loss
+      .checkpoint(...)          "checkpoint" records: seconds and bytes of a save
+      .say(line)                a line that does not break the bar
+
+Every record carries the attempt (TORCHELASTIC_RESTART_COUNT), so the records of a run
+that torchrun restarted can be told apart. Throughput is per rank (one GPU) and for the
+whole job; MFU is reported where the GPU's peak is known (monitoring.peak_flops).
+"""
 
 from __future__ import annotations
 
+import sys
+import time
+
+import torch
+
 from phase4_production.config import TrainConfig
-from phase4_production.monitoring import memory_stats
+from phase4_production.monitoring import MetricsWriter, memory_stats, mfu, peak_flops
 
 
-def progress_bar(cfg: TrainConfig, rank: int, total: int, done: int):
-    if rank != 0 or not cfg.progress:
-        return None
-    from tqdm import tqdm
+class RunReport:
+    """Rank 0's bar or log lines and its metrics; on other ranks every method does nothing."""
 
-    return tqdm(total=total, initial=done, unit="step", dynamic_ncols=True, desc="train")
+    def __init__(self, cfg: TrainConfig, rank: int, attempt: int, total: int, done: int, world: int,
+                 metrics: MetricsWriter | None, device: torch.device, flops_per_sample: float | None = None):
+        self.active = rank == 0
+        self.metrics, self.attempt, self.total, self.world = metrics, attempt, total, world
+        self.every, self.device = cfg.log_every, device
+        self.peak = peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+        self.flops_per_sample = flops_per_sample
+        self.started, self.done_at_start = time.perf_counter(), done
+        self.bar = None
+        self.lines = self.active and cfg.progress and not sys.stderr.isatty()  # a log file: plain lines
+        if self.active and cfg.progress and not self.lines:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=done, unit="step", dynamic_ncols=True, desc="train")
+
+    def write(self, step: int, **fields) -> None:
+        if self.metrics is not None:
+            self.metrics.write(step, attempt=self.attempt, **fields)
+
+    def say(self, line: str) -> None:
+        if not self.active:
+            return
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            print(line, flush=True)
+
+    def step(self, step: int, loss: float, lr: float, times: dict, report: dict | None) -> None:
+        if not self.active:
+            return
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+        if report and report["stragglers"]:
+            slow = ", ".join(f"rank {s['rank']} on {s['host']} ({s['score']:.2f}x median, {s['phase']})"
+                             for s in report["stragglers"])
+            self.write(step, event="straggler", stragglers=report["stragglers"], scores=report["scores"])
+            self.say(f"straggler at step {step}: {slow}")
+        if step % self.every:
+            return
+        per_rank = times["samples_per_s"]
+        utilisation = mfu(per_rank, self.flops_per_sample, self.peak) if self.peak and self.flops_per_sample else None
+        self.write(step, event="train", loss=loss, lr=lr,
+                   **{f"{k}_s": v for k, v in times.items() if k not in ("samples", "samples_per_s")},
+                   samples_per_s=per_rank, global_samples_per_s=report["samples_per_s"] if report else None,
+                   mfu=utilisation, **memory_stats(self.device))
+        if self.lines:
+            elapsed = time.perf_counter() - self.started
+            rate = (step - self.done_at_start) / elapsed if elapsed > 0 else 0.0
+            eta = (self.total - step) / rate if rate > 0 else float("nan")
+            extra = f", MFU {utilisation:.0%}" if utilisation is not None else ""
+            print(f"step {step}/{self.total}: loss {loss:.4f}, lr {lr:.4g}, {per_rank:.0f} images/s per rank "
+                  f"({per_rank * self.world:.0f} in all){extra}, eta {_duration(eta)}", flush=True)
+
+    def epoch(self, record: dict) -> None:
+        if not self.active:
+            return
+        self.write(record["step"], event="eval", **{k: v for k, v in record.items() if k != "step"})
+        top5 = f" (top-5 {record['top5']:.2%})" if record.get("top5") is not None else ""
+        self.say(f"epoch {record['epoch']}: test accuracy {record['accuracy']:.2%}{top5}, "
+                 f"test loss {record['test_loss']:.3f}")
+
+    def checkpoint(self, step: int, seconds: float, size: int) -> None:
+        self.write(step, event="checkpoint", seconds=seconds, bytes=size)
+
+    def close(self, step: int, summary: dict) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.metrics is not None:
+            self.write(step, event="summary", **{k: v for k, v in summary.items() if k not in ("history", "step")})
+            self.metrics.close()
 
 
-def log_step(metrics, bar, step, loss, scheduler, times, report, device, every) -> None:
-    if bar is not None:
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
-    if metrics is None:
-        return
-    if report and report["stragglers"]:
-        slow = ", ".join(f"rank {s['rank']} on {s['host']} ({s['score']:.2f}x median, {s['phase']})"
-                         for s in report["stragglers"])
-        metrics.write(step, event="straggler", stragglers=report["stragglers"], scores=report["scores"])
-        (bar.write if bar is not None else print)(f"straggler at step {step}: {slow}")
-    if step % every == 0:
-        metrics.write(step, event="train", loss=loss, lr=scheduler.get_last_lr()[0],
-                      **{f"{k}_s": v for k, v in times.items() if k not in ("samples", "samples_per_s")},
-                      samples_per_s=times["samples_per_s"],
-                      global_samples_per_s=report["samples_per_s"] if report else None,
-                      **memory_stats(device))
-
-
-def log_epoch(metrics, bar, record: dict) -> None:
-    if metrics is None:
-        return
-    metrics.write(record["step"], event="eval", **{k: v for k, v in record.items() if k != "step"})
-    line = f"epoch {record['epoch']}: test accuracy {record['accuracy']:.2%}, test loss {record['test_loss']:.3f}"
-    (bar.write if bar is not None else print)(line)
+def _duration(seconds: float) -> str:
+    if seconds != seconds or seconds == float("inf"):
+        return "?"
+    hours, rest = divmod(int(seconds), 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"

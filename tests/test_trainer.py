@@ -438,10 +438,15 @@ def test_an_fp16_step_the_scaler_skips_does_not_poison_compression():
         f"weights updated per step: {moved} (step 3 overflows and must be skipped; the steps after it must train)"
 
 
-def test_trainer_writes_metrics_traces_and_a_progress_bar(tmp_path):
+def test_trainer_writes_metrics_traces_and_plain_progress_lines_to_a_log_file(tmp_path):
+    """Not a terminal (SLURM's slurm-*.out, a pod's log): a line every --log-every steps,
+    never tqdm's carriage returns."""
     proc = launch(tmp_path, "--profile-steps", "2", "--log-every", "5", "--progress", "true")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"{STEPS}/{STEPS}" in proc.stderr, f"no progress bar on stderr:\n{proc.stderr[-2000:]}"
+    lines = re.findall(r"^step (\d+)/22: loss [0-9.]+, lr [0-9.e-]+, \d+ images/s per rank \(\d+ in all\), eta \S+$",
+                       proc.stdout, re.M)
+    assert lines == ["5", "10", "15", "20"], f"expected a plain line every 5 steps:\n{proc.stdout[-2000:]}"
+    assert "\r" not in proc.stdout + proc.stderr, "carriage returns in a log file"
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     by_event: dict = {}
     for record in records:
@@ -451,6 +456,8 @@ def test_trainer_writes_metrics_traces_and_a_progress_bar(tmp_path):
                 "peak_rss_bytes"):
         assert all(isinstance(r.get(key), (int, float)) for r in by_event["train"]), f"train lines lack {key}"
     assert [r["step"] for r in by_event.get("eval", [])] == [STEPS] and 0 <= by_event["eval"][0]["accuracy"] <= 1
+    assert by_event["eval"][0]["accuracy"] <= by_event["eval"][0]["top5"] <= 1, by_event["eval"]
+    assert all(r.get("attempt") == 0 for r in records), "a record without its attempt"
     saves = by_event.get("checkpoint", [])
     assert [r["step"] for r in saves] == [3, 6, 9, 12, 15, 18, 21, 22], saves
     assert all(r["seconds"] > 0 and r["bytes"] > 1000 for r in saves), saves

@@ -333,8 +333,11 @@ class MetricsWriter:
     `path` may hold "{rank}": one file per rank, the safe choice (lines that several
     processes append to one file are not guaranteed to stay whole on every file system). Values
     that are 0-d tensors become numbers. With `tensorboard_dir`, numeric fields also go to
-    TensorBoard as scalars `<field>/rank<rank>` when the `tensorboard` package is installed
-    (a warning, once, when it is not).
+    TensorBoard as scalars when the `tensorboard` package is installed (a warning, once, when
+    it is not), tagged `<event>/<field>` when the record has an `event` field (`train/loss`,
+    `eval/accuracy`, `checkpoint/seconds`: one chart per kind of record, so a save's seconds
+    never share a chart with a step's), else `<field>`; on ranks other than 0, `/rank<rank>`
+    is appended.
     """
 
     def __init__(self, path: str | os.PathLike, rank: int | None = None,
@@ -363,9 +366,11 @@ class MetricsWriter:
             record[key] = value.item() if isinstance(value, torch.Tensor) else value
         self._file.write(json.dumps(record) + "\n")
         if self._board is not None:
+            prefix = f"{record['event']}/" if isinstance(record.get("event"), str) else ""
+            suffix = f"/rank{self.rank}" if self.rank else ""
             for key, value in record.items():
                 if key not in ("rank", "step", "time") and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._board.add_scalar(f"{key}/rank{self.rank}", value, int(step))
+                    self._board.add_scalar(f"{prefix}{key}{suffix}", value, int(step))
         return record
         # END EXERCISE
 

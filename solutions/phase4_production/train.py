@@ -55,13 +55,14 @@ from solutions.phase4_production.config import (FIXED, IDENTITY, ConfigError, Tr
 from solutions.phase4_production.elastic import ElasticSampler, plan_batches
 from solutions.phase4_production.lifecycle import (die_with_parent, fatal_reported, orphaned, report_fatal,
                                                    stop_signals)
-from solutions.phase4_production.monitoring import (MetricsWriter, StepTimer, StragglerDetector,
+from solutions.phase4_production.monitoring import (MetricsWriter, StepTimer, StragglerDetector, peak_flops,
+                                                    training_flops,
                                                     training_profiler)
 from solutions.phase4_production.recovery import (Fault, FaultInjector, PreemptionHandler, current_attempt,
                                                   resume, set_aside_newer)
 from solutions.phase4_production.run_folder import claim_output_dir, why_unwritable
 from solutions.phase4_production.train_data import RankBatches, build_datasets, eval_loader, train_loader
-from solutions.phase4_production.train_report import log_epoch, log_step, progress_bar
+from solutions.phase4_production.train_report import RunReport
 from solutions.phase4_production.train_step import (NonFiniteLoss, StepParts, autocast_dtype, lr_schedule,
                                                     make_optimizer, train_step)
 
@@ -91,10 +92,12 @@ def _seed_everything(seed: int) -> None:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader, device: torch.device, dtype: torch.dtype | None) -> tuple[float, float]:
-    """(accuracy, mean loss) over the whole test set: every rank's sums all-reduced."""
+def evaluate(model: nn.Module, loader, device: torch.device,
+             dtype: torch.dtype | None) -> tuple[float, float, float | None]:
+    """(top-1 accuracy, mean loss, top-5 accuracy) over the whole test set: every rank's sums
+    all-reduced. Top-5 is None with fewer than 6 classes (it would be trivially high)."""
     model.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # correct, loss sum, count
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # top-1 correct, loss sum, count, top-5 correct
     for x, y in loader:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
@@ -102,10 +105,12 @@ def evaluate(model: nn.Module, loader, device: torch.device, dtype: torch.dtype 
         sums[0] += (logits.argmax(1) == y).sum()
         sums[1] += nn.functional.cross_entropy(logits.float(), y, reduction="sum")
         sums[2] += len(y)
+        sums[3] += (logits.topk(min(5, logits.shape[1]), dim=1).indices == y[:, None]).any(1).sum()
     if dist.is_initialized():
         dist.all_reduce(sums)
     model.train()
-    return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
+    top5 = (sums[3] / sums[2]).item() if logits.shape[1] > 5 else None
+    return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item(), top5
 
 
 # ---------------------------------------------------------------- one attempt on one rank
@@ -172,6 +177,7 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
     end = min(total_steps, cfg.max_steps) if cfg.max_steps is not None else total_steps  # where this run stops
 
     model = build_model(cfg.model, shape, classes, seed=cfg.seed).to(device)
+    flops_per_sample = _flops_per_sample(model, shape, device) if rank == 0 else None
     channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and device.type == "cuda")
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -197,7 +203,11 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
         sampler.load_state_dict(progress["data"])
     history: list[dict] = list(progress.get("history", [])) if progress else []
 
-    board = out / "tensorboard" if cfg.tensorboard and importlib.util.find_spec("tensorboard") else None
+    installed = importlib.util.find_spec("tensorboard") is not None
+    if cfg.tensorboard and not installed and rank == 0:
+        print("warning: --tensorboard: the tensorboard package is not installed (pip install -e \".[tensorboard]\"); "
+              "metrics go to metrics.jsonl only", file=sys.stderr, flush=True)
+    board = out / "tensorboard" if cfg.tensorboard is not False and installed else None
     metrics = MetricsWriter(out / "metrics.jsonl", rank, board) if rank == 0 else None
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
@@ -219,7 +229,7 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
                                    min_excess_s=0.005, device=device) if world > 1 else None
     parts = StepParts(net, ddp, plan, nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing), optimizer, scaler,
                       dtype, device, channels_last, cfg.grad_clip, compression)
-    bar = progress_bar(cfg, rank, end, step)
+    show = RunReport(cfg, rank, attempt.restart, end, step, world, metrics, device, flops_per_sample)
     profiler = training_profiler(out / "traces", rank, wait=5, warmup=2, active=cfg.profile_steps) \
         if cfg.profile_steps else contextlib.nullcontext()
     samples_trained, train_seconds, preempted = 0, 0.0, False
@@ -244,13 +254,14 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
             raise OutputNotWritable(f"cannot write the checkpoint of step {step} in {checkpoints.folder}: {why}; "
                                     "free space or use another --output-dir (the newest complete checkpoint is "
                                     "kept)") from None
-        if metrics is not None:  # what checkpointing costs: compare with step_s x --checkpoint-every
-            metrics.write(step, event="checkpoint", seconds=time.perf_counter() - began, bytes=path.stat().st_size)
+        if path is not None:  # what checkpointing costs: compare with step_s x --checkpoint-every
+            show.checkpoint(step, time.perf_counter() - began, path.stat().st_size)
 
     def evaluate_epoch() -> None:  # the plain module: DDP's forward would broadcast buffers, per batch
-        accuracy, test_loss = evaluate(model, tests, device, dtype)
-        history.append({"epoch": sampler.epoch - 1, "step": step, "accuracy": accuracy, "test_loss": test_loss})
-        log_epoch(metrics, bar, history[-1])
+        accuracy, test_loss, top5 = evaluate(model, tests, device, dtype)
+        history.append({"epoch": sampler.epoch - 1, "step": step, "accuracy": accuracy, "top5": top5,
+                        "test_loss": test_loss})
+        show.epoch(history[-1])
 
     if step and sampler.consumed == 0 and (not history or history[-1]["step"] != step):
         evaluate_epoch()  # a preemption at the epoch's end skipped it
@@ -288,7 +299,7 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
                     evaluate_epoch()
                 place["what"] = "the straggler report's all-gather"
                 report = stragglers.update(times) if stragglers else None
-                log_step(metrics, bar, step, loss, scheduler, times, report, device, cfg.log_every)
+                show.step(step, loss, scheduler.get_last_lr()[0], times, report)
                 if prof is not None:
                     prof.step()
                 if stop or epoch_done or step % cfg.checkpoint_every == 0 or step == end:
@@ -301,23 +312,31 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
                     break
             if preempted:
                 break
-    if bar is not None:
-        bar.close()
     if preempted:  # the grace period is ticking: leave now
-        accuracy = test_loss = None
+        accuracy = test_loss = top5 = None
     elif not history or history[-1]["step"] != step:  # stopped mid-epoch (--max-steps)
-        accuracy, test_loss = evaluate(model, tests, device, dtype)
+        accuracy, test_loss, top5 = evaluate(model, tests, device, dtype)
     else:
-        accuracy, test_loss = history[-1]["accuracy"], history[-1]["test_loss"]
+        accuracy, test_loss, top5 = history[-1]["accuracy"], history[-1]["test_loss"], history[-1].get("top5")
     summary = {"step": step, "total_steps": total_steps, "preempted": preempted, "world_size": world,
-               "epochs_done": sampler.epoch, "accuracy": accuracy, "test_loss": test_loss,
+               "epochs_done": sampler.epoch, "accuracy": accuracy, "top5": top5, "test_loss": test_loss,
                "history": history, "seconds": time.perf_counter() - started,
                "images_per_s": samples_trained * world / train_seconds if train_seconds else 0.0,
                "fingerprint": fingerprint(ddp), "output_dir": str(out)}
-    if metrics is not None:
-        metrics.write(step, event="summary", **{k: v for k, v in summary.items() if k not in ("history", "step")})
-        metrics.close()
+    show.close(step, summary)
     return summary
+
+
+def _flops_per_sample(model: nn.Module, shape: tuple[int, ...], device: torch.device) -> float | None:
+    """Training FLOP of one sample (for MFU), where the GPU's peak is known; None elsewhere.
+    Counted on two samples in eval mode: no normalisation statistic moves."""
+    if device.type != "cuda" or peak_flops(torch.cuda.get_device_name(device)) is None:
+        return None
+    model.eval()
+    try:
+        return training_flops(model, torch.zeros(2, *shape, device=device)) / 2
+    finally:
+        model.train()
 
 
 def _register_comm_hook(ddp: DDP, cfg: TrainConfig, faults: FaultInjector,
