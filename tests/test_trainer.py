@@ -438,6 +438,19 @@ def test_an_fp16_step_the_scaler_skips_does_not_poison_compression():
         f"weights updated per step: {moved} (step 3 overflows and must be skipped; the steps after it must train)"
 
 
+def test_a_slow_rank_in_a_ddp_run_is_named_with_the_phase_it_lost_time_in(tmp_path):
+    """DDP all-reduces inside backward: the fast ranks wait there for the slow one, so every
+    rank's step takes as long. Only the time before a rank's last gradient is ready tells
+    them apart."""
+    proc = launch(tmp_path, "--global-batch", "63", "--max-steps", "10", "--straggler-every", "5",
+                  nproc=3, faults="rank=2,step=*,phase=data,action=slow,ms=60")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    named = [(s["rank"], s["phase"]) for e in events if e["event"] == "straggler" for s in e["stragglers"]]
+    assert named == [(2, "data"), (2, "data")], f"stragglers named: {named}"
+    assert "straggler at step 5: rank 2" in proc.stdout, proc.stdout[-2000:]
+
+
 def test_trainer_writes_metrics_traces_and_plain_progress_lines_to_a_log_file(tmp_path):
     """Not a terminal (SLURM's slurm-*.out, a pod's log): a line every --log-every steps,
     never tqdm's carriage returns."""

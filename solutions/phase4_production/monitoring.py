@@ -75,9 +75,11 @@ class StepTimer:
     read of the host clock. stop() waits for the device once, so a timed step costs one
     synchronisation. On CPU: time.perf_counter().
 
-    Communication inside DDP's backward overlaps the backward and is not separable by a
-    clock: it shows up in "backward" (only its exposed part costs time). Bracket explicit
-    collectives (a manual gradient all-reduce, a loss all-reduce) with phase("comm").
+    Communication inside DDP's backward overlaps the backward: only its exposed part costs
+    time, the wait after this rank's last gradient is ready (for the last buckets, and for
+    slower ranks). Split it off with mark() and add_span() (the production trainer marks the
+    last gradient with a post-accumulate-grad hook). Bracket explicit collectives (a manual
+    gradient all-reduce, a loss all-reduce) with phase("comm").
     """
 
     def __init__(self, device: torch.device | str | None = None, phases: tuple[str, ...] = PHASES):
@@ -105,6 +107,19 @@ class StepTimer:
             return begin.elapsed_time(end) / 1e3
         return end - begin
         # END EXERCISE
+
+    def mark(self) -> Any:
+        """A point on the device's timeline, for add_span (a CUDA event, or a host clock)."""
+        return self._mark()
+
+    def add_span(self, name: str, begin: Any, end: Any) -> None:
+        """Count the time from mark `begin` to mark `end` as phase `name`: for a phase that
+        ends inside one call (DDP's backward: compute, then the wait for the all-reduce)."""
+        if name not in self.phases:
+            raise ValueError(f"unknown phase {name!r}; the phases are {self.phases}")
+        if self._begin is None or self._open is not None:
+            raise RuntimeError("StepTimer.add_span() outside a step, or inside a phase")
+        self._spans.append((name, begin, end))
 
     def start(self) -> None:
         """Begin a step (before the data is fetched: waiting for data is part of the step)."""

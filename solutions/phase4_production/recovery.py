@@ -48,8 +48,9 @@ from solutions.phase4_production.checkpoint import (CheckpointManager, load_veri
                                                     training_state, unwrap)
 
 FAULTS_ENV = "COURSE_FAULTS"
-PHASES = ("forward", "backward", "allreduce", "save")
-ACTIONS = ("kill", "term", "int", "kill-launcher", "hang", "enospc")
+PHASES = ("data", "forward", "backward", "allreduce", "save")
+ACTIONS = ("kill", "term", "int", "kill-launcher", "hang", "enospc", "slow")
+EVERY_STEP = -1  # step=* in a spec
 
 
 # ---------------------------------------------------------------- who am I, this attempt
@@ -209,8 +210,9 @@ class Fault:
     """Kill (SIGKILL) `rank`, make it hang (action "hang": alive, never back), make its write
     fail as on a full disk (action "enospc", for phase "save"), or signal the
     job's launcher (action "term": SIGTERM, "int": SIGINT, "kill-launcher": SIGKILL), when it
-    reaches `phase` of
-    step `step` (0-based) in restart attempt `attempt` (TORCHELASTIC_RESTART_COUNT).
+    reaches `phase` of step `step` (0-based; EVERY_STEP, "*" in a spec: every step) in restart
+    attempt `attempt` (TORCHELASTIC_RESTART_COUNT). Action "slow" makes the rank sleep `ms`
+    milliseconds there (a straggler: a slow disk, a throttled GPU, a noisy neighbour).
     phase "save" fires while the checkpoint taken at the end of step `step` is being
     written (half its bytes are in the temporary file, the rename has not happened), on
     the rank that writes it."""
@@ -220,6 +222,7 @@ class Fault:
     phase: str
     attempt: int = 0
     action: str = "kill"
+    ms: float = 0.0
 
     @classmethod
     def parse(cls, text: str) -> "Fault":
@@ -230,18 +233,21 @@ class Fault:
             if not sep:
                 raise ValueError(f"fault {text!r}: {item!r} is not key=value")
             fields[key.strip()] = value.strip()
-        unknown = set(fields) - {"rank", "step", "phase", "attempt", "action"}
+        unknown = set(fields) - {"rank", "step", "phase", "attempt", "action", "ms"}
         if unknown or not {"rank", "step", "phase"} <= set(fields):
-            raise ValueError(f"fault {text!r}: needs rank, step, phase (optional attempt, action); "
+            raise ValueError(f"fault {text!r}: needs rank, step, phase (optional attempt, action, ms); "
                              f"unknown: {sorted(unknown)}")
-        fault = cls(int(fields["rank"]), int(fields["step"]), fields["phase"], int(fields.get("attempt", 0)),
-                    fields.get("action", "kill"))
+        step = EVERY_STEP if fields["step"] == "*" else int(fields["step"])
+        fault = cls(int(fields["rank"]), step, fields["phase"], int(fields.get("attempt", 0)),
+                    fields.get("action", "kill"), float(fields.get("ms", 0)))
         if fault.phase not in PHASES or fault.action not in ACTIONS:
             raise ValueError(f"fault {text!r}: phase must be one of {PHASES}, action one of {ACTIONS}")
         return fault
 
     def __str__(self) -> str:
-        return f"rank={self.rank},step={self.step},phase={self.phase},attempt={self.attempt},action={self.action}"
+        step = "*" if self.step == EVERY_STEP else self.step
+        return f"rank={self.rank},step={step},phase={self.phase},attempt={self.attempt},action={self.action}" + \
+            (f",ms={self.ms:g}" if self.action == "slow" else "")
 
 
 class FaultInjector:
@@ -316,10 +322,13 @@ class FaultInjector:
             return []
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        return [f for f in self.faults
-                if (f.rank, f.step, f.phase, f.attempt) == (rank, self.step, phase, attempt)]
+        return [f for f in self.faults if (f.rank, f.phase, f.attempt) == (rank, phase, attempt)
+                and f.step in (self.step, EVERY_STEP)]
 
     def _fire(self, fault: Fault) -> None:
+        if fault.action == "slow":  # every step, silently
+            time.sleep(fault.ms / 1e3)
+            return
         # a line of its own: rank 0's progress bar may be half-way through a line on the terminal
         print(f"\n[fault injector] {fault.action} at {fault} (pid {os.getpid()})", file=sys.stderr, flush=True)
         sys.stdout.flush()

@@ -63,8 +63,8 @@ from solutions.phase4_production.recovery import (Fault, FaultInjector, Preempti
 from solutions.phase4_production.run_folder import claim_output_dir, why_unwritable
 from solutions.phase4_production.train_data import RankBatches, build_datasets, eval_loader, train_loader
 from solutions.phase4_production.train_report import RunReport
-from solutions.phase4_production.train_step import (NonFiniteLoss, StepParts, autocast_dtype, lr_schedule,
-                                                    make_optimizer, train_step)
+from solutions.phase4_production.train_step import (NonFiniteLoss, SyncPoints, StepParts, autocast_dtype,
+                                                    lr_schedule, make_optimizer, train_step)
 
 # ---------------------------------------------------------------- building blocks
 
@@ -228,7 +228,8 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
     stragglers = StragglerDetector(every=cfg.straggler_every, threshold=cfg.straggler_threshold,
                                    min_excess_s=0.005, device=device) if world > 1 else None
     parts = StepParts(net, ddp, plan, nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing), optimizer, scaler,
-                      dtype, device, channels_last, cfg.grad_clip, compression)
+                      dtype, device, channels_last, cfg.grad_clip, compression,
+                      SyncPoints(ddp, timer, faults) if world > 1 and not cfg.compile else None)
     show = RunReport(cfg, rank, attempt.restart, end, step, world, metrics, device, flops_per_sample)
     profiler = training_profiler(out / "traces", rank, wait=5, warmup=2, active=cfg.profile_steps) \
         if cfg.profile_steps else contextlib.nullcontext()
@@ -274,6 +275,7 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
                 faults.begin_step(step)
                 timer.start()
                 with timer.phase("data"):
+                    faults.point("data")
                     batch = next(batches, None)
                 if batch is None:
                     break

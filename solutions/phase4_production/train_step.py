@@ -80,6 +80,49 @@ class StepParts:
     channels_last: bool = False
     grad_clip: float = 0.0                # max gradient norm, 0: no clipping
     compression: CompressionState | None = None  # the comm hook's state (4.4)
+    sync_points: "SyncPoints | None" = None  # splits DDP's forward and backward into work and waiting
+
+
+class SyncPoints:
+    """Where DDP's collectives end inside one forward() and one backward() call, so that
+    the time a rank spends waiting for the others counts as "comm", not as its own work.
+
+    forward(): DDP first broadcasts rank 0's buffers (BatchNorm statistics; a collective
+    that waits for every rank), then calls the module: a forward pre-hook on the module marks
+    that moment (`synced`) and fires the fault injector's "forward" point. backward(): DDP
+    launches each bucket's all-reduce as its gradients become ready; after this rank's last
+    gradient (`last_grad`, a post-accumulate-grad hook per parameter) the rest of backward()
+    waits for the buckets in flight and for slower ranks. Without the split every rank's
+    busy time is the same (the fast ones wait inside DDP for the slow one), and the
+    straggler detector could never name anyone."""
+
+    def __init__(self, ddp: DDP, timer: StepTimer, faults: FaultInjector):
+        self.timer, self.faults = timer, faults
+        self.synced = self.last_grad = None
+        module = ddp.module
+        self.handles = [module.register_forward_pre_hook(self._forward_starts)]
+        self.handles += [p.register_post_accumulate_grad_hook(self._grad_ready)
+                         for p in module.parameters() if p.requires_grad]
+
+    def _forward_starts(self, module: nn.Module, args) -> None:
+        self.synced = self.timer.mark()
+        self.faults.point("forward")
+
+    def _grad_ready(self, param: torch.Tensor) -> None:
+        self.last_grad = self.timer.mark()
+
+    def split(self, name: str, begin, point, end) -> None:
+        """Count begin..point as comm, point..end as `name` (forward), or the reverse
+        (backward: work first, then the wait)."""
+        point = point if point is not None else (begin if name == "forward" else end)
+        first, second = ("comm", name) if name == "forward" else (name, "comm")
+        self.timer.add_span(first, begin, point)
+        self.timer.add_span(second, point, end)
+
+
+def _forward(parts: StepParts, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    with torch.autocast(parts.device.type, dtype=parts.dtype, enabled=parts.dtype is not None):
+        return parts.loss_fn(parts.net(x), y)
 
 
 def train_step(parts: StepParts, batch, timer: StepTimer, faults: FaultInjector) -> float:
@@ -95,14 +138,23 @@ def train_step(parts: StepParts, batch, timer: StepTimer, faults: FaultInjector)
     slices = parts.plan.micro_slices()
     for i, (part, weight) in enumerate(slices):
         sync = contextlib.nullcontext() if i == len(slices) - 1 else parts.ddp.no_sync()
+        points = parts.sync_points
         with sync:
-            with timer.phase("forward"):
-                faults.point("forward")
-                with torch.autocast(parts.device.type, dtype=parts.dtype, enabled=parts.dtype is not None):
-                    loss = parts.loss_fn(parts.net(x[part]), y[part])
-            with timer.phase("backward"):
+            if points is None:
+                with timer.phase("forward"):
+                    faults.point("forward")
+                    loss = _forward(parts, x[part], y[part])
+                with timer.phase("backward"):
+                    faults.point("backward")
+                    parts.scaler.scale(loss * weight).backward()
+            else:  # DDP's collectives inside forward() and backward() count as comm
+                points.synced, begin = None, timer.mark()
+                loss = _forward(parts, x[part], y[part])  # the pre-hook fires the "forward" point
+                points.split("forward", begin, points.synced, timer.mark())
                 faults.point("backward")
+                points.last_grad, begin = None, timer.mark()
                 parts.scaler.scale(loss * weight).backward()
+                points.split("backward", begin, points.last_grad, timer.mark())
         total += loss.detach() * weight
     with timer.phase("optimizer"):
         scaler, optimizer = parts.scaler, parts.optimizer
