@@ -1,0 +1,148 @@
+"""tools/mutate.py: the mutants it makes, their ids, the list of equivalents, the verdicts.
+Fast: no mutant is run (the tool itself runs in CI: python tools/mutate.py --ci)."""
+
+from __future__ import annotations
+
+import ast
+import sys
+
+import pytest
+
+import grading
+
+sys.path.insert(0, str(grading.REPO_ROOT / "tools"))
+import mutate  # noqa: E402
+
+SOURCE = '''"""A solution-like file."""
+from .other import helper
+
+
+def outside(a):
+    return a + 1 < 2
+
+
+def exercise(xs, n, flag):
+    """Docstring."""
+    # EXERCISE 9.9: the hint
+    if n < 1:
+        raise ValueError(f"bad n: {n - 1}")
+    total = xs.sum(dim=0) * 2
+    y = total[n:].clone()
+    while flag and n > 0:
+        n -= 1
+    return helper(y, total)  # a comment
+    # END EXERCISE
+
+
+def also_outside(t):
+    return t.detach()
+'''
+
+
+def _mutants(source: str = SOURCE):
+    return mutate.mutants_of_source(source, "9.9", "solutions/phase9_x/mod.py", "solutions.phase9_x")
+
+
+def test_mutants_only_inside_the_exercise_region_and_every_operator_appears():
+    mutants = _mutants()
+    lines = SOURCE.splitlines()
+    begin, end = lines.index("    # EXERCISE 9.9: the hint") + 1, lines.index("    # END EXERCISE") + 1
+    assert mutants and all(begin < m.line < end for m in mutants), [(m.line, m.change) for m in mutants]
+    assert {m.operator for m in mutants} == {"cmp", "const", "arith", "boolop", "index", "drop", "drop_call",
+                                             "sum_mean", "swap_args", "negate", "dim"}
+    changes = {(m.operator, m.change) for m in mutants}
+    for expected in [("cmp", "n < 1 -> n <= 1"), ("const", "1 -> 2"), ("dim", "0 -> 1"), ("dim", "0 -> -1"),
+                     ("arith", "xs.sum(dim=0) * 2 -> xs.sum(dim=0) / 2"), ("drop_call", "total[n:].clone() -> total[n:]"),
+                     ("sum_mean", "xs.sum(dim=0) -> xs.mean(dim=0)"), ("swap_args", "helper(y, total) -> helper(total, y)"),
+                     ("negate", "n < 1 -> not n < 1"), ("index", "total[n:] -> total[n + 1:]"),
+                     ("index", "total[n:] -> total[n:-1]"), ("boolop", "flag and n > 0 -> flag or n > 0"),
+                     ("arith", "n -= 1 -> n += 1"), ("drop", "y = total[n:].clone() -> pass")]:
+        assert expected in changes, (expected, sorted(changes))
+    # an f-string (a message) is not mutated; a statement alone in its block is dropped once, with the block
+    assert all('f"bad n: {n - 1}"' in m.source for m in mutants if not m.change.startswith("if n < 1:"))
+    assert not any(m.operator == "drop" and m.change.startswith(("raise", "n -= 1")) for m in mutants), changes
+
+
+def test_each_mutant_is_the_whole_file_with_one_change_that_compiles():
+    mutants = _mutants()
+    original = ast.dump(ast.parse(SOURCE.replace("from .other", "from solutions.phase9_x.other")))
+    sources = set()
+    for m in mutants:
+        assert "from solutions.phase9_x.other import helper" in m.source, "relative imports become absolute"
+        assert "# EXERCISE 9.9: the hint" in m.source and "# a comment" in m.source, "comments stay"
+        assert "def outside(a):\n    return a + 1 < 2" in m.source and "t.detach()" in m.source
+        compile(m.source, m.file, "exec")
+        assert ast.dump(ast.parse(m.source)) != original
+        sources.add(m.source)
+    assert len(sources) == len(mutants), "no two mutants are the same program"
+
+
+def test_ids_are_stable_and_an_edit_above_only_moves_the_line():
+    first, again = _mutants(), _mutants()
+    assert [m.id for m in first] == [m.id for m in again]
+    assert len({m.id for m in first}) == len(first)
+    moved = _mutants(SOURCE.replace('"""A solution-like file."""', '"""A solution-like file.\n\nMore."""'))
+    assert [(m.operator, m.digest, m.line + 2) for m in first] == [(m.operator, m.digest, m.line) for m in moved]
+    entry = mutate.Entry(first[0].id, "equivalent", "a reason", 7)
+    problems = mutate.stale_entries({entry.id: entry}, moved)
+    assert len(problems) == 1 and f"now at line {first[0].line + 2}" in problems[0], problems
+    assert mutate.stale_entries({entry.id: entry}, first) == []
+
+
+def test_the_list_is_read_and_equivalents_leave_the_score(tmp_path):
+    mutants = _mutants()
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"# comment\n\n{mutants[0].id} equivalent the same behaviour\n"
+                       f"{mutants[1].id}   survives   a gap of the tests\n")
+    entries = mutate.read_list(listing)
+    assert entries[mutants[0].id].kind == "equivalent" and entries[mutants[0].id].reason == "the same behaviour"
+    assert entries[mutants[1].id].kind == "survives"
+    listing.write_text(f"{mutants[0].id} equivalent\n")
+    with pytest.raises(SystemExit, match="expected"):
+        mutate.read_list(listing)
+
+    rows, problems = [], []
+    for m, status in zip(mutants[:4], ["survived", "survived", "killed", "survived"]):
+        label, problem = mutate.judge(m, status, "", entries.get(m.id))
+        rows.append({"verdict": label, "why": ""})
+        problems.append(problem)
+    assert [r["verdict"] for r in rows] == ["equivalent", "survived", "killed", "survived"]
+    assert problems[:3] == [None, None, None] and "survived" in problems[3], "only an unlisted survivor is a problem"
+    result = mutate.score(rows)
+    assert result["score"] == "1/3 = 33.3%" and result["equivalent"] == 1, result
+    label, problem = mutate.judge(mutants[0], "killed", "test_x: AssertionError", entries[mutants[0].id])
+    assert label == "killed" and "remove the entry" in problem
+    label, problem = mutate.judge(mutants[1], "timed out", "", entries[mutants[1].id])
+    assert "remove the entry" in problem
+
+
+def test_verdicts_from_test_results():
+    def results(*outcomes):
+        return [{"test": f"test_9_9_{i}", "outcome": o, "message": "m"} for i, o in enumerate(outcomes)]
+    assert mutate.verdict(results("pass", "pass"))[0] == "survived"
+    assert mutate.verdict(results("pass", "fail", "skip"))[0] == "killed"
+    killed, why = mutate.verdict(results("deadlock"))
+    assert killed == "killed" and "deadlock" in why
+    assert mutate.verdict(results("pass", "timeout"))[0] == "timed out"
+    assert mutate.verdict(results("error", "pass"))[0] == "harness"
+    assert mutate.verdict(results("error", "fail"))[0] == "killed"
+    assert mutate.verdict([])[0] == "harness"
+
+
+def test_sample_is_deterministic():
+    mutants = _mutants()
+    chosen = mutate.sample(mutants, 5, seed=0)
+    assert [m.id for m in chosen] == [m.id for m in mutate.sample(mutants, 5, seed=0)]
+    assert len(chosen) == 5 and [m for m in mutants if m in chosen] == chosen
+    assert mutate.sample(mutants, None, 0) == mutants
+
+
+def test_real_exercise_mutants_and_the_checked_in_list_is_not_stale():
+    mutants = mutate.mutants_of("1.1")
+    assert mutants and {m.file for m in mutants} == {"solutions/phase1_data_parallel/sampler.py"}
+    text = (grading.REPO_ROOT / mutants[0].file).read_text()
+    spans = [(b, e) for ex, b, e in mutate.regions(text) if ex == "1.1"]
+    assert all(any(b < m.line < e for b, e in spans) for m in mutants)
+    entries = mutate.read_list()
+    assert all(entry.reason for entry in entries.values())
+    assert mutate._check_whole_list(entries) == []
