@@ -373,6 +373,30 @@ def test_changed_hyperparameters_on_resume_are_refused_or_applied_as_asked(tmp_p
     assert len(list((tmp_path / "configs").glob("*.json"))) == 2, "one config file per start that ran (refused: none)"
 
 
+def test_evaluate_only_and_init_from(tmp_path):
+    """--evaluate reads the newest checkpoint and writes nothing; --init-from starts a new run
+    from a checkpoint's (or a state_dict's) weights: the same weights, the same accuracy."""
+    assert launch(tmp_path / "a", "--max-steps", "6").returncode == 0
+    before = sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in (tmp_path / "a").rglob("*"))
+    first = launch(tmp_path / "a", "--evaluate")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in (tmp_path / "a").rglob("*")) == before, \
+        "--evaluate wrote in the output folder"
+    found = re.search(r"^evaluated \S+step_000000006.pt \(step 6 of 22\) on 2 ranks: test accuracy (\S+)%", first.stdout,
+                      re.M)
+    assert found, first.stdout
+    checkpoint = tmp_path / "a" / "checkpoints" / "step_000000006.pt"
+    torch.save(load_verified(checkpoint)["model"], tmp_path / "weights.pt")  # a plain state_dict, as torchvision's
+    for source in (checkpoint, tmp_path / "weights.pt"):
+        other = launch(tmp_path / "b", "--init-from", str(source), "--evaluate")
+        assert f"test accuracy {found.group(1)}%" in other.stdout, other.stdout + other.stderr[-2000:]
+        assert fingerprint_of(other.stdout.replace("weights sha256", "final weights sha256")) == \
+            fingerprint_of(first.stdout.replace("weights sha256", "final weights sha256"))
+    _one_line_error(launch(tmp_path / "c", "--init-from", str(tmp_path / "weights.pt"), "--model", "mlp"),
+                    "--init-from", "does not fit")
+    _one_line_error(launch(tmp_path / "c", "--sync-bn"), "--sync-bn", "GPUs only")
+
+
 def test_trainer_resumes_at_another_world_size(tmp_path):
     first = launch(tmp_path, "--max-steps", "4")
     assert first.returncode == 0 and "stopped at step 4 of 22" in first.stdout, first.stdout + first.stderr[-2000:]
@@ -522,7 +546,8 @@ BAD_VALUES = {
     "straggler_every": ["0"], "straggler_threshold": ["0", "nan"], "profile_steps": ["-1"],
     "tensorboard": ["maybe"], "progress": ["maybe"], "max_steps": ["0"], "device": ["tpu"], "nproc": ["0"],
     "timeout": ["0", "nan", "inf"], "apply_changes": ["maybe"], "pg_timeout": ["0", "nan"],
-    "pg_init_timeout": ["-1", "inf"],
+    "pg_init_timeout": ["-1", "inf"], "evaluate": ["maybe"], "sync_bn": ["maybe"],
+    "init_from": ["/no/such/file", "FILE/below"],
 }
 
 

@@ -46,6 +46,10 @@ class TrainConfig:
     workers: int = _opt(0, "DataLoader worker processes per rank (0: load in the training process, right for in-memory digits)")
     # model
     model: str = _opt("resnet18", "torchvision model (CIFAR stem below 64 px)", choices=MODEL_NAMES)
+    sync_bn: bool = _opt(False, "BatchNorm statistics over the global batch (SyncBatchNorm, GPUs only): for small "
+                                "per-GPU batches; costs an all-reduce per BatchNorm layer in forward and backward")
+    init_from: str | None = _opt(None, "start a new run from these weights: a checkpoint of this trainer, or a "
+                                       "state_dict file such as torchvision's (ignored when the run resumes)")
     channels_last: str = _opt("auto", "channels_last memory format (auto: on GPU only)", choices=("auto", "on", "off"))
     compile: bool = _opt(False, "torch.compile the model")
     # optimisation
@@ -76,6 +80,8 @@ class TrainConfig:
     keep: int = _opt(3, "checkpoints kept (the newest)")
     fail_at_step: int | None = _opt(None, "chaos: on the first attempt one rank SIGKILLs itself at this step")
     fail_rank: int = _opt(1, "the rank --fail-at-step kills")
+    evaluate: bool = _opt(False, "evaluate the newest checkpoint in --output-dir (or --init-from's weights) on the "
+                                 "test set and exit: no training, nothing written")
     # observability
     log_every: int = _opt(10, "metrics line every N steps")
     straggler_every: int = _opt(50, "gather per-rank step times every N steps and name slow ranks")
@@ -124,7 +130,10 @@ class TrainConfig:
         if self.data_root is not None and not Path(self.data_root).is_dir():
             raise ValueError(f"--data-root {self.data_root} is not a folder (see data/README.md for how to get "
                              "CIFAR-10 or ImageNet)")
-        _check_output_dir(self.output_dir)
+        if self.init_from is not None and not Path(self.init_from).is_file():
+            raise ValueError(f"--init-from {self.init_from} is not a file (a checkpoint, or a saved state_dict)")
+        if not self.evaluate:
+            _check_output_dir(self.output_dir)
         return self
 
 
@@ -167,7 +176,7 @@ OPERATIONAL = frozenset({
     "data_root", "workers", "channels_last", "compile", "micro_batch", "deterministic", "output_dir",
     "checkpoint_every", "keep", "fail_at_step", "fail_rank", "log_every", "straggler_every", "straggler_threshold",
     "profile_steps", "tensorboard", "progress", "max_steps", "nproc", "timeout", "device", "apply_changes",
-    "pg_timeout", "pg_init_timeout"})
+    "pg_timeout", "pg_init_timeout", "evaluate", "init_from"})
 # Cannot change in the middle of a run, even with --apply-changes: the optimizer's state, the
 # loss scaler's, or the data order of the checkpoint would not fit.
 FIXED = ("optimizer", "amp", "synthetic_size")

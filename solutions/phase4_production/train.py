@@ -47,7 +47,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common.distributed import current_device
 from common.models import build_model
-from solutions.phase4_production.checkpoint import CheckpointManager, training_state, unwrap
+from solutions.phase4_production.checkpoint import (CheckpointManager, CorruptCheckpoint, load_verified,
+                                                    training_state, unwrap)
 from solutions.phase4_production.compression import (CompressionState, PowerSGDState, TopKState, powersgd_hook,
                                                      topk_hook)
 from solutions.phase4_production.config import (FIXED, IDENTITY, ConfigError, TrainConfig, changed_hyperparameters,
@@ -124,7 +125,8 @@ def train(cfg: TrainConfig) -> dict:
     device = current_device()
     if dist.is_initialized():  # building data, model and the first step (compile, autotuning) may be slow
         dist.set_timeout(datetime.timedelta(seconds=cfg.pg_init_timeout))
-    with PreemptionHandler(stop_signals(), device=device) as preemption, claim_output_dir(cfg.output_dir, device):
+    folder = contextlib.nullcontext() if cfg.evaluate else claim_output_dir(cfg.output_dir, device)
+    with PreemptionHandler(stop_signals(), device=device) as preemption, folder:
         return _train(cfg, preemption)
 
 
@@ -177,6 +179,11 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
     end = min(total_steps, cfg.max_steps) if cfg.max_steps is not None else total_steps  # where this run stops
 
     model = build_model(cfg.model, shape, classes, seed=cfg.seed).to(device)
+    if cfg.sync_bn:
+        if device.type != "cuda":
+            raise ValueError("--sync-bn: SyncBatchNorm runs on GPUs only (torch 2.14 refuses CPU tensors); "
+                             "leave it off on the CPU")
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     flops_per_sample = _flops_per_sample(model, shape, device) if rank == 0 else None
     channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and device.type == "cuda")
     if channels_last:
@@ -197,6 +204,13 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
     checkpoints = CheckpointManager(out / "checkpoints", keep=cfg.keep)
     progress = _resume(checkpoints, cfg, ddp, optimizer, scheduler, scaler, device)
     step = int(progress["step"]) if progress else 0
+    if progress is None and cfg.init_from:
+        _load_weights(unwrap(ddp), cfg.init_from, device)
+    if cfg.evaluate:  # read only: no lease, no config file, no metrics
+        accuracy, test_loss, top5 = evaluate(model, tests, device, dtype)
+        return {"evaluated": True, "step": step, "total_steps": total_steps, "world_size": world,
+                "accuracy": accuracy, "top5": top5, "test_loss": test_loss, "fingerprint": fingerprint(ddp),
+                "source": f"{checkpoints.path_for(step)}" if progress else cfg.init_from or "the initial weights"}
     compression = _register_comm_hook(ddp, cfg, faults, step)
     net = torch.compile(ddp) if cfg.compile else ddp
     if progress:
@@ -364,7 +378,8 @@ def _register_comm_hook(ddp: DDP, cfg: TrainConfig, faults: FaultInjector,
 
 def _resume(checkpoints, cfg, ddp, optimizer, scheduler, scaler, device) -> dict | None:
     """recovery.resume, with a one-line error when the checkpoints belong to another run."""
-    _set_aside(checkpoints.unusable(), ".unusable", "is not a readable checkpoint file")
+    if not cfg.evaluate:  # an evaluation writes nothing
+        _set_aside(checkpoints.unusable(), ".unusable", "is not a readable checkpoint file")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("always")
@@ -381,12 +396,32 @@ def _resume(checkpoints, cfg, ddp, optimizer, scheduler, scaler, device) -> dict
         raise ValueError(f"the checkpoints in {checkpoints.folder} were written by a run with "
                          f"{progress.get('identity')}, this run has {identity(cfg)}: use another --output-dir, "
                          "or delete them to start over")
-    set_aside_newer(checkpoints, int(progress["step"]) if progress else None)  # failed verification
+    if not cfg.evaluate:
+        set_aside_newer(checkpoints, int(progress["step"]) if progress else None)  # failed verification
     changes = changed_hyperparameters(progress["config"], cfg) if progress and "config" in progress else {}
     if changes:
         _check_changes(changes, cfg, checkpoints, progress["step"])
         _apply_changes(cfg, unwrap(ddp), optimizer, scheduler, changes)
     return progress
+
+
+def _load_weights(model: nn.Module, path: str, device: torch.device) -> None:
+    """--init-from: the model's weights from a checkpoint of this trainer (verified) or a
+    state_dict file (loaded with weights_only=True); ValueError (one line) if they do not fit."""
+    try:
+        state = load_verified(path, map_location=device)
+    except CorruptCheckpoint:  # not one of ours: a plain state_dict
+        try:
+            state = torch.load(path, map_location=device, weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
+            raise ValueError(f"--init-from {path}: neither a checkpoint of this trainer nor a state_dict "
+                             f"({type(exc).__name__})") from None
+    if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
+        state = state["model"]
+    try:
+        model.load_state_dict(state)
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        raise ValueError(f"--init-from {path} does not fit this --model: {str(exc).splitlines()[0]}") from None
 
 
 def _check_changes(changes: dict, cfg: TrainConfig, checkpoints: CheckpointManager, step: int) -> None:
@@ -511,6 +546,13 @@ def main(argv: list[str] | None = None) -> None:
                   f"{cfg.output_dir}/checkpoints is kept, run the same command to resume", file=sys.stderr)
             raise SystemExit(130) from None
     if summary is None:  # not rank 0 under torchrun
+        return
+    if summary.get("evaluated"):
+        top5 = f" (top-5 {summary['top5']:.2%})" if summary["top5"] is not None else ""
+        print(f"evaluated {summary['source']} (step {summary['step']} of {summary['total_steps']}) on "
+              f"{summary['world_size']} ranks: test accuracy {summary['accuracy']:.2%}{top5}, "
+              f"test loss {summary['test_loss']:.4f}")
+        print(f"weights sha256: {summary['fingerprint']}")
         return
     if summary["preempted"]:
         print(f"preempted at step {summary['step']} of {summary['total_steps']}: checkpoint saved in "

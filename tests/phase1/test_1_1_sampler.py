@@ -6,6 +6,8 @@ Run them with `python tests/test_phase1.py -k 1_1` (your code) or
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch.utils.data import DistributedSampler, TensorDataset
@@ -74,11 +76,18 @@ def test_1_1_same_order_on_every_rank_and_new_order_each_epoch(grade):
     assert global_order(0, seed=1) != e0, "a different seed must give a different order"
 
 
-@pytest.mark.parametrize("dataset,world,rank", [(range(10), 2, 2), (range(10), 2, -1), (range(10), 0, 0), ([], 2, 0)])
-def test_1_1_bad_arguments_fail_clearly(grade, dataset, world, rank):
+@pytest.mark.parametrize("dataset,world,rank,names", [
+    (range(10), 2, 2, "rank"), (range(10), 2, -1, "rank"), (range(10), 0, 0, "world|replica"),
+    (range(10), -2, 0, "world|replica"), (range(10), 2.0, 0, "world|replica"), ([], 2, 0, "empty|dataset")])
+def test_1_1_bad_arguments_fail_clearly(grade, dataset, world, rank, names):
+    """A clear message names what is wrong: a world size of 0 is a bad world size (whatever
+    it does to the rank's range), and 2.0 is not an integer world size."""
     mod = grade("1.1").load()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as info:
         mod.ShardSampler(dataset, world, rank)
+    assert re.search(names, str(info.value), re.I), \
+        f"ShardSampler({list(dataset)!r}, num_replicas={world!r}, rank={rank!r}): the message should name the bad " \
+        f"argument ({names}); got {str(info.value)!r}"
 
 
 def test_1_1_make_loader_gives_each_rank_its_shard(grade):

@@ -53,6 +53,7 @@ def test_1_3_link_alpha_beta_per_strategy(grade, world):
     counts = {  # (latency terms, byte terms) of each algorithm, written out independently of the code graded
         "reduce_broadcast": (p - 1 + log_p, p - 1 + log_p), "gather_sum": (p - 1, p - 1),
         "recursive_doubling": (doubling, doubling), "ring": (2 * (p - 1), 2 * (p - 1) / p),
+        "halving_doubling": (2 * log_p, 2 * (p - 1) / p),
     }
     for strategy, (a, b) in counts.items():
         times = [a * LINK_ALPHA + b * n * LINK_BETA for n in SIZES]
@@ -74,6 +75,9 @@ def test_1_3_bandwidths_follow_nccl_tests(grade):
     assert algbw == pytest.approx(4e9), f"algbw = size / time = 4e9 B/s, got {algbw:.6g}"
     assert busbw == pytest.approx(6e9), f"busbw = algbw * 2(p-1)/p = 6e9 B/s for p=4, got {busbw:.6g}"
     assert mod.bandwidths(8e6, 2e-3, 1)[1] == 0, "a world of one rank moves no bytes: busbw must be 0"
+    algbw, busbw = mod.bandwidths(1000.0, 3e-3, 3)  # sizes and times that do not divide evenly
+    assert algbw == pytest.approx(1000 / 3e-3) and busbw == pytest.approx(1000 / 3e-3 * 4 / 3), \
+        f"bandwidths(1000 B, 3 ms, 3 ranks): expected algbw {1000 / 3e-3:.6g}, busbw {1000 / 3e-3 * 4 / 3:.6g}; got {algbw:.6g}, {busbw:.6g}"
 
 
 class FakeClock:
@@ -214,6 +218,12 @@ def test_1_3_time_collective_waits_for_the_device(grade):
     assert "synchronize" in after[:after.index("clock")], (
         f"with a CUDA tensor, GPU work is asynchronous: wait for it (torch.cuda.synchronize()) after the last "
         f"timed call and before reading the clock. Order seen: {events}")
+    first_clock = events.index("clock")
+    before = events[:first_clock]
+    warmup_done = len(before) - 1 - before[::-1].index("fn") if "fn" in before else -1
+    assert "synchronize" in before[warmup_done + 1:], (
+        f"the warm-up's GPU work must be finished before the clock starts (torch.cuda.synchronize() after the "
+        f"warm-up calls, before the first clock reading), or the first timed interval holds it. Order seen: {events}")
 
 
 def test_comm_bench_never_prints_a_negative_bandwidth():
