@@ -309,7 +309,10 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
                 samples_trained += plan.per_rank
                 epoch_done = sampler.consumed == 0
                 place["what"] = "the stop-flag all-reduce (PreemptionHandler.should_stop)"
-                stop = preemption.should_stop()  # before the evaluation: the grace period is ticking
+                # before the evaluation: the grace period is ticking. Every --stop-check-every steps
+                # (and at epoch ends): on a GPU the agreement is a host-device synchronisation
+                check = step % cfg.stop_check_every == 0 or epoch_done or step == end
+                stop = preemption.should_stop() if check else False
                 if epoch_done and not stop:
                     place["what"] = "the evaluation's all-reduce"
                     evaluate_epoch()

@@ -35,7 +35,9 @@ def autocast_dtype(mode: str, device: torch.device) -> torch.dtype | None:
 
 
 def lr_schedule(steps_per_epoch: int, epochs: int, warmup_epochs: float):
-    """Multiplier of the peak lr at step s: linear warm-up from 1/10 over warmup_epochs,
+    """Multiplier of the peak lr at step s: a torchvision-style linear warm-up from a tenth of
+    the peak over warmup_epochs (torchvision's reference ramps from --lr-warmup-decay x peak,
+    0.01 by default; Goyal et al. ramp from the small-batch lr, peak x reference / global),
     then cosine decay to 0 at the last step (a function for LambdaLR)."""
     total = steps_per_epoch * epochs
     warmup = min(int(round(warmup_epochs * steps_per_epoch)), total - 1)
@@ -49,16 +51,24 @@ def lr_schedule(steps_per_epoch: int, epochs: int, warmup_epochs: float):
     return factor
 
 
+def peak_lr(cfg: TrainConfig) -> float:
+    """--lr, tuned for --reference-batch, moved to --global-batch: linearly for SGD (Goyal et
+    al. 2017, the rule 3.5 derives: k times the batch, k times the step), by the square root
+    for AdamW (Malladi et al. 2022 derive the square-root rule for adaptive methods; the
+    linear rule has no justification there). Equal batches: --lr as given."""
+    ratio = cfg.global_batch / cfg.reference_batch
+    return cfg.lr * (math.sqrt(ratio) if cfg.optimizer == "adamw" else ratio)
+
+
 def make_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
-    """SGD (nesterov) or AdamW at lr x global_batch / reference_batch (the linear scaling
-    rule); no weight decay on biases and normalisation weights (1-D parameters)."""
+    """SGD (nesterov) or AdamW at peak_lr(cfg); no weight decay on biases and normalisation
+    weights (1-D parameters)."""
     decay = [p for p in model.parameters() if p.ndim > 1]
     no_decay = [p for p in model.parameters() if p.ndim <= 1]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    lr = cfg.lr * cfg.global_batch / cfg.reference_batch
     if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=lr)
-    return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.momentum > 0)
+        return torch.optim.AdamW(groups, lr=peak_lr(cfg))
+    return torch.optim.SGD(groups, lr=peak_lr(cfg), momentum=cfg.momentum, nesterov=cfg.momentum > 0)
 
 
 class NonFiniteLoss(ValueError):

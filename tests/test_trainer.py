@@ -199,6 +199,15 @@ def test_a_preemption_at_an_epoch_end_saves_before_evaluating(tmp_path):
         again.stdout + again.stderr[-3000:]
 
 
+def test_the_stop_flag_checked_every_n_steps_stops_at_the_next_check(base, tmp_path):
+    """--stop-check-every 4: the signal of step 5 is acted on at step 8, the next check."""
+    first = launch(tmp_path, "--stop-check-every", "4", faults="rank=1,step=4,phase=forward,action=term")
+    assert first.returncode == 0 and "preempted at step 8 of 22" in first.stdout, first.stdout + first.stderr[-3000:]
+    again = launch(tmp_path)
+    assert "resuming at step 8 of 22" in again.stdout, again.stdout + again.stderr[-3000:]
+    assert fingerprint_of(again.stdout) == reference(base)
+
+
 def test_a_second_ctrl_c_stops_the_launcher_at_once(base, tmp_path):
     """The first SIGINT asks for a save at the next boundary; a second one, during that save,
     stops everything at once: exit 130, one line, no process left, the save never lands."""
@@ -547,7 +556,7 @@ BAD_VALUES = {
     "tensorboard": ["maybe"], "progress": ["maybe"], "max_steps": ["0"], "device": ["tpu"], "nproc": ["0"],
     "timeout": ["0", "nan", "inf"], "apply_changes": ["maybe"], "pg_timeout": ["0", "nan"],
     "pg_init_timeout": ["-1", "inf"], "evaluate": ["maybe"], "sync_bn": ["maybe"],
-    "init_from": ["/no/such/file", "FILE/below"],
+    "init_from": ["/no/such/file", "FILE/below"], "stop_check_every": ["0"],
 }
 
 

@@ -58,10 +58,12 @@ class TrainConfig:
     micro_batch: int | None = _opt(None, "most samples per forward pass on one rank; more: gradient accumulation")
     optimizer: str = _opt("sgd", "sgd (momentum, nesterov) or adamw", choices=OPTIMIZERS)
     lr: float = _opt(0.02, "peak learning rate for a global batch of --reference-batch")
-    reference_batch: int = _opt(64, "the global batch --lr was tuned for: lr scales by global_batch / this")
+    reference_batch: int = _opt(64, "the global batch --lr was tuned for: the lr scales by global_batch / this "
+                                    "(sgd, the linear rule) or its square root (adamw)")
     momentum: float = _opt(0.9, "SGD momentum (nesterov)")
     weight_decay: float = _opt(5e-4, "weight decay (not on biases and norm layers)")
-    warmup_epochs: float = _opt(0.5, "linear warm-up from lr/10 to the peak, then cosine decay to 0")
+    warmup_epochs: float = _opt(0.5, "linear warm-up from a tenth of the peak lr to it (torchvision-style), then "
+                                     "cosine decay to 0")
     label_smoothing: float = _opt(0.0, "label smoothing of the cross-entropy loss")
     grad_clip: float = _opt(0.0, "clip the gradient norm to this (0: off)")
     amp: str = _opt("auto", "mixed precision (auto: bf16 on GPUs that have it, else fp16 + GradScaler; off on CPU)",
@@ -97,6 +99,9 @@ class TrainConfig:
                                       "(--lr, --momentum, --weight-decay, --epochs, --warmup-epochs, ...) instead of "
                                       "refusing: the optimizer takes the new values, and the LR schedule is recomputed "
                                       "for the new --epochs/--warmup-epochs at the resumed step (the LR jumps to it)")
+    stop_check_every: int = _opt(1, "agree on a stop signal every N steps (an all-reduce, and on a GPU a "
+                                    "host-device synchronisation, per check); a preemption then waits up to N steps "
+                                    "longer before the save: keep N x step time well inside the grace period")
     pg_timeout: float = _opt(300.0, "seconds a collective may wait for the other ranks once the first step is done: "
                                     "a rank stuck or dead ends the attempt after this long (torchrun restarts it)")
     pg_init_timeout: float = _opt(900.0, "the same, from the start to the end of the first step (data, model, "
@@ -145,7 +150,7 @@ _RANGES = {
     "straggler_every": (1, _INF, False), "synthetic_size": (1, _INF, False), "compression_rank": (1, _INF, False),
     "micro_batch": (1, _INF, False), "nproc": (1, _INF, False), "max_steps": (1, _INF, False),
     "image_size": (8, _INF, False), "workers": (0, _INF, False), "profile_steps": (0, _INF, False),
-    "fail_rank": (0, _INF, False), "fail_at_step": (0, _INF, False), "compression_start": (0, _INF, False),
+    "fail_rank": (0, _INF, False), "stop_check_every": (1, _INF, False), "fail_at_step": (0, _INF, False), "compression_start": (0, _INF, False),
     "seed": (0, 2**32, False),
     "lr": (1e-12, 100.0, True), "momentum": (0.0, 1.0, False), "weight_decay": (0.0, 1.0, True),
     "warmup_epochs": (0.0, 1e6, True), "label_smoothing": (0.0, 1.0, False), "grad_clip": (0.0, 1e12, True),
@@ -176,7 +181,7 @@ OPERATIONAL = frozenset({
     "data_root", "workers", "channels_last", "compile", "micro_batch", "deterministic", "output_dir",
     "checkpoint_every", "keep", "fail_at_step", "fail_rank", "log_every", "straggler_every", "straggler_threshold",
     "profile_steps", "tensorboard", "progress", "max_steps", "nproc", "timeout", "device", "apply_changes",
-    "pg_timeout", "pg_init_timeout", "evaluate", "init_from"})
+    "pg_timeout", "pg_init_timeout", "evaluate", "init_from", "stop_check_every"})
 # Cannot change in the middle of a run, even with --apply-changes: the optimizer's state, the
 # loss scaler's, or the data order of the checkpoint would not fit.
 FIXED = ("optimizer", "amp", "synthetic_size")
