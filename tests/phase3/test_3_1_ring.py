@@ -57,11 +57,19 @@ def _record(mod, function: str, x: torch.Tensor, expected: torch.Tensor, check: 
     want = expected if check is None else _chunk(expected, check, parts)
     tol = dict(rtol=1e-2, atol=1e-2) if x.dtype == torch.float16 else dict(rtol=1e-5, atol=1e-5)
     input_key = storage_key(given)
+    problem = diff_report(actual, want, "", **tol)
+    if problem and check is not None:  # a recognisable shape: the full sum sits in another chunk
+        shifted = [j for j in range(parts) if j != check and _chunk(x, j, parts).numel() and
+                   torch.allclose(_chunk(x, j, parts), _chunk(expected, j, parts), **tol)]
+        if shifted:
+            problem += (f" (this rank holds the complete sum in chunk {shifted[0]} instead of chunk {check}: the "
+                        f"ring schedule is shifted by {(shifted[0] - check) % parts} step(s); check which chunk a "
+                        "rank sends and reduces in each step)")
     return {
         "function": function, "case": case, "rank": dist.get_rank(), "members": members,
         "what": f"{function}({case}{', op=' + repr(kwargs['op']) if 'op' in kwargs else ''}) "
                 f"on rank {dist.get_rank()} of {'group ' + str(members) if parts != dist.get_world_size() else parts}",
-        "value_problem": diff_report(actual, want, "", **tol),
+        "value_problem": problem,
         "returned_input": returned is given,
         "result": x.clone(),
         "numel": x.numel(), "element_size": x.element_size(),
