@@ -42,7 +42,7 @@ class CorruptCheckpoint(RuntimeError):
 
 
 class CheckpointWarning(UserWarning):
-    """A checkpoint was skipped (corrupt) and an older one used."""
+    """A checkpoint was skipped (corrupt) and an older one used, or resumed at another world size."""
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -93,8 +93,8 @@ def training_state(model, optimizer, scheduler=None, scaler=None, progress: dict
 def restore_training_state(state: dict, model, optimizer, scheduler=None, scaler=None) -> dict:
     """Load `state` (from training_state) into the given objects and this rank's RNG; returns
     the progress dict. At another world size than the one saved, the ranks' RNG streams
-    cannot continue bit-exactly: each rank then seeds its generators from (step, rank) and
-    warns once, on rank 0."""
+    cannot continue bit-exactly: each rank then seeds its generators (python, numpy, torch)
+    from (step, rank) alone, and rank 0 warns once (CheckpointWarning)."""
     raise NotImplementedError("TODO 4.1: the inverse of training_state; this rank's RNG entry, never rank 0's for everyone")
 
 

@@ -213,6 +213,10 @@ def pytest_runtest_makereport(item, call):
             report.longrepr = f"{todo}{where}" if todo not in _hints_shown else f"{todo.split(':', 1)[0]}, as above"
             _hints_shown.add(todo)
         death = None if todo or report.passed else grading.harness_error_of(call.excinfo.value if call.excinfo else None)
+        mismatch = grading.collective_mismatch_of(call.excinfo.value, report.capstderr) if death else None
+        if mismatch:  # the death is gloo's verdict on the graded code: a failure, not a harness error
+            death = None
+            report.longrepr = f"{mismatch}\n\n{report.longrepr}"
         if death:
             report.longrepr = (f"HARNESS ERROR, no verdict on the graded code: {death}\n"
                                "(a rank died without reporting, or the machine was too busy to start the world "
@@ -222,7 +226,8 @@ def pytest_runtest_makereport(item, call):
         exercise = grading.exercise_of_test(item.name)
         if exercise in grading.EXERCISES:
             record = grading.failure_record(item.name, _outcomes[item.nodeid],
-                                            None if report.passed or todo else call.excinfo.value, exercise)
+                                            None if report.passed or todo else
+                                            AssertionError(mismatch) if mismatch else call.excinfo.value, exercise)
             _records[item.nodeid] = {**record, "todo": todo}
     elif report.failed:  # teardown errors count against the test too
         _outcomes[item.nodeid] = "fail"

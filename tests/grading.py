@@ -223,6 +223,31 @@ def harness_error_of(exc: BaseException | None) -> str | None:
     return None
 
 
+_GLOO_SIZE_MISMATCH = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match expected size")
+
+
+def collective_mismatch_of(exc: BaseException | None, stderr: str) -> str | None:
+    """A verdict hidden in a rank's death: gloo aborts a rank (SIGABRT, no Python traceback,
+    so harness_error_of sees a death) when a message it receives is larger than the
+    collective that rank posted, i.e. the ranks issued different collectives (another
+    order, other sizes). Its line is on the rank's stderr, which pytest captures (`stderr`).
+    The verdict is kept on `exc`, for later tests given the same world's failure."""
+    known = getattr(exc, "collective_mismatch", None)
+    if known:
+        return known
+    match = _GLOO_SIZE_MISMATCH.search(stderr or "")
+    if exc is None or match is None:
+        return None
+    message = (f"the ranks' collectives disagree: a rank received {match[1]} bytes where the collective it had "
+               f"posted expects {match[2]} (gloo then aborts it: \"Received data size doesn't match expected "
+               "size\"); every rank must issue the same collectives, on tensors of the same sizes, in the same order")
+    try:
+        exc.collective_mismatch = message
+    except AttributeError:
+        pass
+    return message
+
+
 # Outcomes of one test: pass, todo (the exercise is not written yet), fail (an assertion,
 # an exception of the graded code, a deadlock) or error (a harness death: see
 # harness_error_of). An error counts against the exercise but is no verdict on its code.

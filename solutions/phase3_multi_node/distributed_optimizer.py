@@ -68,7 +68,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         did not arrive k times counts with its .grad as it stands, zeros if None), waits
         for every all-reduce, divides by world_size * k, then steps the wrapped
         optimizer: .grad = mean over ranks and passes;
-      * a gradient computed more than k times before step() is an error.
+      * a gradient computed more than k times before step() raises RuntimeError (from that
+        backward pass).
 
     zero_grad, state_dict, load_state_dict, param_groups, state and defaults are the
     wrapped optimizer's, so LR schedulers and checkpoints work on the wrapper. Without an

@@ -186,7 +186,33 @@ def _scenario_unused(mod, rank: int) -> dict:
     return out
 
 
-_SCENARIOS = {"train": _scenario_train, "no_sync": _scenario_no_sync, "unused": _scenario_unused}
+_SUBGROUP = [1, 2]  # global ranks; the group's rank 0 is global rank 1
+
+
+def _scenario_subgroup(mod, rank: int) -> dict | None:
+    """group=[1, 2] (global rank 0 not in it): 2 SGD steps of BucketedDDP and torch DDP on that group."""
+    group = dist.new_group(_SUBGROUP, backend="gloo")  # every rank creates it, only members use it
+    if rank not in _SUBGROUP:
+        return None
+    ours_net, torch_net = _net(seed=rank), _net(seed=rank)  # different on each member: broadcast decides
+    ours = mod.BucketedDDP(ours_net, bucket_cap_mb=_CAP_BYTES / 2**20, group=group)
+    after_init = {k: v.clone() for k, v in ours_net.state_dict().items()}
+    ref = DDP(torch_net, process_group=group)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ours_net, torch_net)]
+    steps = []
+    for step in range(2):
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        _loss(ours, step, rank).backward()
+        _loss(ref, step, rank).backward()
+        steps.append({"ours": _grads(ours_net), "torch": _grads(torch_net)})
+        for opt in opts:
+            opt.step()
+    return {"after_init": after_init, "steps": steps}
+
+
+_SCENARIOS = {"train": _scenario_train, "no_sync": _scenario_no_sync, "unused": _scenario_unused,
+              "subgroup": _scenario_subgroup}
 
 
 def _ddp_rank(ref: grading.ModuleRef) -> dict:
@@ -372,3 +398,22 @@ def test_3_2_unused_parameter_neither_hangs_nor_breaks_the_average(grade):
                 problems.append(f"`branch` unused on every rank, rank {rank}: {name}.grad is not None nor zeros "
                                 f"(max |grad| {got.abs().max().item():.3g}); no rank computed a gradient for it")
     assert_no_problems(problems, "a parameter without a gradient this step counts as a zero gradient on its rank:")
+
+
+def test_3_2_subgroup_without_global_rank_0(grade):
+    ranks = _results(grade("3.2"), "subgroup")
+    group_rank0 = _net(seed=_SUBGROUP[0]).state_dict()
+    problems = []
+    for rank in _SUBGROUP:
+        r = ranks[rank]
+        for key, want in group_rank0.items():
+            problem = diff_report(r["after_init"][key].float(), want.float(),
+                                  f"global rank {rank}, {key} right after construction (expected the group's rank 0, "
+                                  f"global rank {_SUBGROUP[0]})", rtol=0, atol=0)
+            if problem:
+                problems.append(problem)
+        for step, s in enumerate(r["steps"], start=1):
+            problems += _grad_problems(s["ours"], s["torch"], f"step {step}, global rank {rank} (torch DDP with "
+                                       f"process_group={_SUBGROUP})")
+    assert_no_problems(problems, f"BucketedDDP(net, group=new_group({_SUBGROUP})) in a world of {_WORLD}: everything is "
+                                 "relative to `group` (its rank 0 broadcasts, its size averages), not to the world:")

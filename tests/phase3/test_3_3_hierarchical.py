@@ -83,6 +83,20 @@ def _topology_checks(mod, shape) -> dict:
     finally:
         for var, value in saved.items():
             os.environ.pop(var, None) if value is None else os.environ.__setitem__(var, value)
+    # torchrun's variables, all in range, but another rank's: GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK != RANK
+    node, local = divmod(rank, k)
+    node, local = ((node + 1) % n, local) if n > 1 else (node, (local + 1) % k)
+    os.environ.update(GROUP_RANK=str(node), LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(k))
+    try:
+        got = mod.topology_from_env()
+        out["contradicting_env"] = f"returned {_fields(got)}"
+    except ValueError:
+        out["contradicting_env"] = None
+    except Exception as exc:  # noqa: BLE001
+        out["contradicting_env"] = f"raised {type(exc).__name__}: {exc}" if not grading.todo_of(exc) else _error(exc)
+    finally:
+        for var, value in saved.items():
+            os.environ.pop(var, None) if value is None else os.environ.__setitem__(var, value)
     try:
         mod.topology_from_env(ranks_per_node=dist.get_world_size() - 1 if dist.get_world_size() > 2 else 3)
         out["bad_split"] = "returned a topology"
@@ -235,6 +249,23 @@ def test_3_3_topology_from_the_launch_environment(grade, world):
 
 
 @pytest.mark.parametrize("world", sorted(_HIER_SHAPES))
+def test_3_3_contradicting_torchrun_variables_refused(grade, world):
+    problems = []
+    for shape, rank, got in _per_shape(grade("3.3"), "topology", world):
+        result = got["contradicting_env"]
+        if isinstance(result, dict):
+            _raise(rank, result, "topology_from_env with contradicting variables")
+        if result:
+            n, k = shape
+            node, local = divmod(rank, k)
+            node, local = ((node + 1) % n, local) if n > 1 else (node, (local + 1) % k)
+            problems.append(f"topology_from_env() on RANK={rank} of {world} with GROUP_RANK={node}, LOCAL_RANK={local}, "
+                            f"LOCAL_WORLD_SIZE={k} {result}; expected ValueError ({node} * {k} + {local} != {rank})")
+    assert_no_problems(problems, "torchrun's GROUP_RANK and LOCAL_RANK are read, and checked against RANK (the "
+                                 "docstring: ValueError when the variables contradict the node-major numbering):")
+
+
+@pytest.mark.parametrize("world", sorted(_HIER_SHAPES))
 def test_3_3_groups_are_the_nodes_and_the_local_ranks(grade, world):
     problems = []
     for shape, rank, got in _per_shape(grade("3.3"), "groups", world):
@@ -339,6 +370,23 @@ def test_3_3_cost_model_matches_the_alpha_beta_formula(grade):
                             problems.append(f"predict_seconds({nbytes:g} B, {n}x{k}, NVLink / {label}, "
                                             f"nics_per_node={nics})[{key!r}] = {value:.6g}, expected {want[key]:.6g}")
     assert_no_problems(problems, "alpha-beta model of a flat ring vs hierarchical all-reduce (guidelines 3.3):")
+
+
+def test_3_3_cost_model_caps_a_rank_at_one_nic(grade):
+    mod = grade("3.3").load()
+    nvlink = mod.Link(alpha=3e-6, bandwidth=150e9)
+    net = mod.Link(alpha=10e-6, bandwidth=100e9 / 8)
+    problems = []
+    for n, k, nics in [(2, 8, 16), (4, 1, 2), (3, 5, 8), (16, 8, 9)]:
+        for nbytes in (1e3, 1e8):
+            got = mod.predict_seconds(nbytes, n, k, nvlink, net, nics_per_node=nics)
+            want = _time_formula(nbytes, n, k, nvlink, net, nics)
+            value = got.get("hierarchical", float("nan"))
+            if not abs(value - want["hierarchical"]) <= 1e-9 * max(want["hierarchical"], 1e-12):
+                problems.append(f"predict_seconds({nbytes:g} B, {n}x{k}, nics_per_node={nics})['hierarchical'] = "
+                                f"{value:.6g}, expected {want['hierarchical']:.6g}")
+    assert_no_problems(problems, "more NICs per node than ranks: a rank still sends through one NIC, "
+                                 "inter.bandwidth * min(1, nics_per_node / k), never faster than its link:")
 
 
 def test_3_3_runs_under_two_torchrun_agents(grade, tmp_path):

@@ -17,6 +17,7 @@ the parameters it computes on.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from datetime import timedelta
 from functools import partial
@@ -197,9 +198,72 @@ def _ps_rank(ref: grading.ModuleRef) -> dict:
     return run_scenarios({name: partial(scenario, mod) for name, scenario in _SCENARIOS.items()}, _AGREE_S)
 
 
+_UNEQUAL = {"sync": (1, 3, 3), "async": (1, 4, 4)}  # batches per worker; the first finishes early
+_UNEQUAL_BOUND = 1  # async: the long workers' 3rd push is held until the short worker is done
+
+
+def _unequal_rank(ref: grading.ModuleRef) -> dict:
+    """Workers with unequal numbers of batches, in sync mode then async (bound 1). The short
+    worker sends DONE only once the others have started their step 2 (async) or 1 (sync) and
+    had time to push it: their reply then waits on what the short worker's DONE does."""
+    mod = ref.load()
+    return run_scenarios({mode: partial(_unequal_scenario, mod, mode) for mode in _UNEQUAL}, _AGREE_S)
+
+
+def _unequal_scenario(mod, mode: str) -> dict:
+    model = _sync_model()
+    if dist.get_rank() < _K:
+        bound = _UNEQUAL_BOUND if mode == "async" else None
+        record = mod.ParameterServer(list(model.parameters()), _SYNC_ASSIGNMENT, _K, _LR, mode=mode,
+                                     staleness_bound=bound).serve()
+        return {"record": _plain(record)}
+    store = dist.distributed_c10d._get_default_store()
+    j = _worker_index()
+    counts = _UNEQUAL[mode]
+    part = slice(j * _SYNC_BATCH, (j + 1) * _SYNC_BATCH)
+    mine = [(x[part], y[part]) for x, y in _sync_batches() * 2][:counts[j]]
+    wait_for = counts[0] + (1 if mode == "async" else 0)  # the step of the others to see started
+
+    def batches():
+        yield from mine
+        if j == 0:  # the short worker: its DONE comes after the others' next push
+            keys = [f"ps34/unequal/{mode}/{u}/{wait_for}" for u in range(1, _W)]
+            try:
+                store.wait(keys, timedelta(seconds=_GATE_S))
+            except Exception:  # noqa: BLE001 - only makes the DONE earlier: nothing to report
+                pass
+            time.sleep(0.5)  # their push reaches the servers first
+
+    started = [0]
+
+    def loss_fn(m, batch):
+        store.set(f"ps34/unequal/{mode}/{j}/{started[0]}", "1")
+        started[0] += 1
+        return F.cross_entropy(m(batch[0]), batch[1])
+
+    steps = mod.run_worker(model, batches(), loss_fn, _SYNC_ASSIGNMENT, _K)
+    return {"steps": steps, "params": [p.detach().clone() for p in model.parameters()]}
+
+
+def _unequal_truth() -> list[torch.Tensor]:
+    """Sync with unequal batches: round r averages the gradients of the workers that have a batch r."""
+    model = _sync_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=_LR)
+    counts = _UNEQUAL["sync"]
+    for r, (x, y) in enumerate(_sync_batches()[:max(counts)]):
+        rows = torch.cat([torch.arange(j * _SYNC_BATCH, (j + 1) * _SYNC_BATCH) for j in range(_W) if counts[j] > r])
+        optimizer.zero_grad()
+        F.cross_entropy(model(x[rows]), y[rows]).backward()
+        optimizer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
 # ---------------------------------------------------------------- in the parent
 
 _world = SharedWorld(_ps_rank, _WORLD)
+
+
+_unequal_world = SharedWorld(_unequal_rank, _WORLD)
 
 
 def _results(ref: grading.ModuleRef, name: str) -> list[dict]:
@@ -419,3 +483,35 @@ def test_3_4_async_reaches_accuracy_on_digits(grade):
         f"asynchronous training, {_W} workers x {_DIGITS_EPOCHS} epochs of their third of the digits, batch "
         f"{_DIGITS_BATCH}, lr {_LR}: test accuracy {accuracy:.3f} of the servers' final parameters, expected >= "
         f"{_DIGITS_ACCURACY} (mean staleness {sum(staleness) / max(len(staleness), 1):.2f})")
+
+
+def test_3_4_done_completes_a_round_and_releases_a_held_worker(grade):
+    ref = grade("3.4")
+    counts_text = ", ".join(f"{mode}: {counts}" for mode, counts in _UNEQUAL.items())
+    problems = []
+    for mode, counts in _UNEQUAL.items():
+        results = _unequal_world.results(
+            mode, ref, world=f"the parameter-server world with workers of unequal batch counts ({counts_text})",
+            hang_hint="a worker's DONE must complete the sync round the others pushed to, and release an async "
+                      "reply the staleness bound held back because of the finished worker",
+            what=f"the {mode!r} scenario with workers of {counts} batches")
+        for rank in range(_K, _WORLD):
+            if results[rank]["steps"] != counts[rank - _K]:
+                problems.append(f"{mode}: run_worker on rank {rank} returned {results[rank]['steps']}, it had "
+                                f"{counts[rank - _K]} batches")
+        total = sum(counts) if mode == "async" else max(counts)
+        for k in range(_K):
+            if results[k]["record"]["version"] != total:
+                problems.append(f"{mode}: server {k} ended at version {results[k]['record']['version']}, expected "
+                                f"{total} ({'one step per gradient' if mode == 'async' else 'one step per round'})")
+        if mode == "sync":
+            found, params = _server_params_problems(results, _SYNC_ASSIGNMENT, "sync, unequal batches")
+            problems += found
+            for i, want in enumerate(_unequal_truth()):
+                if i in params:
+                    problem = diff_report(params[i], want, f"sync, workers of {counts} batches, server "
+                                          f"{_SYNC_ASSIGNMENT[i]}, parameter {i} (round r averages the workers "
+                                          "still active)", rtol=1e-5, atol=1e-6)
+                    if problem:
+                        problems.append(problem)
+    assert_no_problems(problems, "workers with unequal numbers of batches (the first finishes early):")

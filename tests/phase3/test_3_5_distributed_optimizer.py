@@ -611,6 +611,31 @@ def test_3_5_broadcast_parameters(grade):
                                  "state_dict: parameters and buffers; parameters(): the parameters):")
 
 
+def test_3_5_extra_backward_pass_before_step_raises(grade):
+    """One process (no process group: the contract's "only the division by k remains")."""
+    mod = grade("3.5").load()
+    torch.manual_seed(0)
+    x = torch.randn(_M, 6)
+    problems = []
+    for k in (1, 2):
+        model = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 2))
+        opt = mod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, backward_passes_per_step=k)
+        for step in range(2):  # the count starts again after each step()
+            opt.zero_grad()
+            for _ in range(k):
+                model(x).sum().backward()
+            if step == 0:
+                opt.step()
+        try:
+            model(x).sum().backward()
+        except RuntimeError:
+            continue
+        problems.append(f"backward_passes_per_step={k}: backward pass {k + 1} since the last step() returned "
+                        "without RuntimeError")
+    assert_no_problems(problems, "a gradient computed more than backward_passes_per_step times before step() must "
+                                 "raise RuntimeError (the docstring's contract), not be folded into the step:")
+
+
 def _schedule_expected(step: int, base_lr: float, global_batch: int, reference_batch: int, warmup: int) -> float:
     scaled = base_lr * global_batch / reference_batch
     return scaled if step >= warmup else base_lr + (scaled - base_lr) * step / warmup

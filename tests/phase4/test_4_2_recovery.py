@@ -365,6 +365,39 @@ def _plain_reference(total_steps: int) -> dict:
     return {k: v.detach().clone() for k, v in model.module.named_parameters()}
 
 
+_VIEW_STEPS = {0: (2, 4), 1: (2, 4, 6)}  # rank -> the checkpoints its folder listing shows
+
+
+def _views_case(mod, folder: str) -> dict:
+    """Rank 1's listing shows a checkpoint (step 6) that rank 0's does not (a shared file
+    system's stale listing, simulated by one folder per rank with the same files): resume
+    must load, on every rank, the step rank 0 found."""
+    from solutions.phase4_production.checkpoint import CheckpointManager, atomic_save, training_state
+
+    rank = dist.get_rank()
+    manager = CheckpointManager(os.path.join(folder, f"rank{rank}"))
+    manager.folder.mkdir(parents=True, exist_ok=True)
+    weights = {}
+    for step in _VIEW_STEPS[1]:
+        model = _net()
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(step)  # each step's weights its own
+        state = training_state(model, torch.optim.SGD(model.parameters(), lr=0.1), progress={"step": step})
+        weights[step] = {k: v.detach().clone() for k, v in model.named_parameters()}
+        if step in _VIEW_STEPS[rank]:
+            atomic_save(state, manager.path_for(step))
+    dist.barrier()
+    model = _net()
+    try:
+        progress = mod.resume(manager, model, torch.optim.SGD(model.parameters(), lr=0.1))
+    except Exception as exc:  # noqa: BLE001
+        return _error(exc)
+    got = {k: v.detach() for k, v in model.named_parameters()}
+    loaded = next((step for step, w in weights.items() if all(torch.equal(got[k], w[k]) for k in w)), None)
+    return {"step": None if progress is None else progress.get("step"), "weights_of": loaded}
+
+
 def _world_cases(ref: grading.ModuleRef, folder: str) -> dict:
     out = {"reference": _plain_reference(_TOTAL)}
     try:
@@ -372,6 +405,8 @@ def _world_cases(ref: grading.ModuleRef, folder: str) -> dict:
     except Exception as exc:  # noqa: BLE001
         return {**out, "load": _error(exc)}
     out["agreement"] = _agreement_case(mod, os.path.join(folder, "agree"))
+    dist.barrier()
+    out["views"] = _views_case(mod, os.path.join(folder, "views"))
     dist.barrier()
     out["attempts"] = _attempts_case(mod, os.path.join(folder, "attempts"))  # last: it rebuilds the group
     return out
@@ -426,6 +461,38 @@ def test_4_2_ranks_agree_to_stop_on_sigterm(grade, tmp_path_factory):
     if saved != [4]:
         problems.append(f"checkpoints on disk: steps {saved}; expected only the step-boundary one, step 4")
     assert_no_problems(problems, "SIGTERM to rank 0 (and a step later to rank 1), 2 ranks, 6 steps (checkpoint every 100):")
+
+
+def test_4_2_every_rank_resumes_the_step_rank_0_found(grade, tmp_path_factory):
+    results = _world(grade("4.2"), tmp_path_factory)
+    problems = []
+    want = max(_VIEW_STEPS[0])
+    for rank, result in enumerate(results):
+        got = result["views"]
+        if "error" in got:
+            _raise(f"rank {rank}, resume", got)
+        if got["step"] != want or got["weights_of"] != want:
+            problems.append(f"rank {rank} (its listing: steps {list(_VIEW_STEPS[rank])}): resume returned step "
+                            f"{got['step']}, with the weights of step {got['weights_of']}; expected step {want}, "
+                            "the newest rank 0 found")
+    assert_no_problems(problems, "the ranks' folder listings differ (rank 1 sees a step 6 that rank 0 does not): "
+                                 "every rank must resume the SAME step, the one rank 0 chose (its choice broadcast):")
+
+
+def test_4_2_saves_after_the_last_step(grade, tmp_path):
+    from solutions.phase4_production.checkpoint import CheckpointManager
+
+    mod = grade("4.2").load()
+    problems = []
+    outcome, ran, _ = _local_run(mod, tmp_path, total_steps=5, every=2)
+    saved = CheckpointManager(tmp_path, keep=3).steps()
+    if 5 not in saved:
+        problems.append(f"run_resumable(total_steps=5, every=2) left checkpoints of steps {saved}; the docstring: "
+                        "saved after every `every` steps AND after the last step (5)")
+    outcome, ran, _ = _local_run(mod, tmp_path, total_steps=5, every=2)
+    if ran:
+        problems.append(f"the same call again on the finished run ran steps {ran}; a finished run does nothing")
+    assert_no_problems(problems, "a run whose length is not a multiple of `every`:")
 
 
 def test_4_2_rank_and_world_size_read_on_every_attempt(grade, tmp_path_factory):

@@ -202,6 +202,34 @@ def test_4_3_data_position_does_not_depend_on_the_world_size(grade):
     assert_no_problems(problems, f"{_N} samples, global batch {_B}:")
 
 
+def test_4_3_load_state_dict_refuses_another_order(grade):
+    """A position only means something in the order it was counted in: a state saved for another
+    dataset size, global batch, seed or shuffle is refused (the docstring: ValueError)."""
+    mod = grade("4.3").load()
+    state = _simulate(mod, [(2, 3)])[1][-1]["states"][0]
+    problems = []
+    try:
+        mod.ElasticSampler(_N, _B, seed=_SEED).load_state_dict(copy.deepcopy(state))
+    except Exception as exc:  # noqa: BLE001
+        problems.append(f"the state was refused by a sampler built like the one that saved it: "
+                        f"{type(exc).__name__}: {exc}")
+    others = {f"seed={_SEED + 1}": dict(seed=_SEED + 1), "shuffle=False": dict(seed=_SEED, shuffle=False),
+              f"dataset_size={_N + 1}": dict(seed=_SEED, dataset_size=_N + 1),
+              f"global_batch={2 * _B}": dict(seed=_SEED, global_batch=2 * _B)}
+    for what, kwargs in others.items():
+        args = {"dataset_size": _N, "global_batch": _B, **kwargs}
+        try:
+            mod.ElasticSampler(**args).load_state_dict(copy.deepcopy(state))
+        except ValueError:
+            continue
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"a sampler with {what} raised {type(exc).__name__}: {exc}; expected ValueError")
+            continue
+        problems.append(f"a sampler with {what} loaded the state of seed={_SEED}, shuffle=True, dataset_size={_N}, "
+                        f"global_batch={_B} without a ValueError: its position would point at other samples")
+    assert_no_problems(problems, "ElasticSampler.load_state_dict:")
+
+
 def _plan_cases():
     for global_batch in range(1, 25):
         for world in range(1, 9):

@@ -215,13 +215,28 @@ def _first_difference(setting: str, mine: list[dict], theirs: list[dict], start:
     return None
 
 
-def _versus_torch(mod) -> list[str]:
+def _boundary() -> nn.Module:
+    """Linear(4, 4) sits exactly on the compression boundary at rank 1, min_compression_rate 2:
+    (4 + 4) * 1 * 2 == 4 * 4 (torch compresses only when strictly smaller); its neighbours
+    are compressed, the biases not."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, 4), nn.ReLU(), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 10))
+
+
+_BOUNDARY_SETTINGS = {
+    "rank 1, min_compression_rate 2, a 4 x 4 layer on the boundary (n + m) r rate == n m": dict(
+        matrix_approximation_rank=1, start_powerSGD_iter=2, min_compression_rate=2),
+}
+
+
+def _versus_torch(mod, settings: dict = _TORCH_SETTINGS, build=_mixed) -> list[str]:
     """Per setting: DDP with torch's powerSGD_hook and DDP with yours, same weights, batches and
     SGD steps; the first (step, bucket, parameter) where what the hooks returned differs."""
     problems = []
     gen_seed = 40 + dist.get_rank()
-    for setting, kwargs in _TORCH_SETTINGS.items():
-        models = {"torch": DDP(_mixed()), "yours": DDP(_mixed())}
+    for setting, kwargs in settings.items():
+        models = {"torch": DDP(build()), "yours": DDP(build())}
         names = {p.data_ptr(): n for m in models.values() for n, p in m.module.named_parameters()}
         hooks = {"torch": _guarded(torch_powersgd.powerSGD_hook, names),
                  "yours": _guarded(mod.powersgd_hook, names)}
@@ -321,6 +336,7 @@ def _compression_rank(ref: grading.ModuleRef) -> dict:
         "bytes": lambda: _bytes_per_step(mod),
         "full_rank": lambda: _full_rank(mod),
         "torch": lambda: _versus_torch(mod),
+        "torch_boundary": lambda: _versus_torch(mod, _BOUNDARY_SETTINGS, _boundary),
         "generators": lambda: _generators_untouched(mod),
         "digits": lambda: _digits(mod),
     }
@@ -419,6 +435,14 @@ def test_4_4_powersgd_equals_torch_bitwise(grade):
     problems = [f"rank {rank}: {p}" for rank, rank_problems in enumerate(results) for p in rank_problems]
     assert_no_problems(problems, f"your powersgd_hook must return bitwise (torch.equal) what torch's powerSGD_hook "
                                  f"returns with the same PowerSGDState settings, over {_TORCH_STEPS} SGD steps:")
+
+
+def test_4_4_powersgd_compression_boundary_like_torch(grade):
+    results = _results(grade("4.4"), "torch_boundary")
+    problems = [f"rank {rank}: {p}" for rank, rank_problems in enumerate(results) for p in rank_problems]
+    assert_no_problems(problems, "a matrix is compressed only when (n + m) * r * min_compression_rate < n * m, "
+                                 "strictly (torch's rule): on the boundary it is all-reduced uncompressed, and the "
+                                 "hook's result is bitwise torch's:")
 
 
 def test_4_4_powersgd_leaves_global_generators_alone(grade):

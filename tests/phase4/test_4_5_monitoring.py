@@ -267,9 +267,11 @@ def _straggler_rank(ref: grading.ModuleRef):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     timer = mod.StepTimer("cpu")
 
-    def train_step(delay: float, batch: int) -> dict:
+    def train_step(delay: float, batch: int, data_delay: float = 0.0) -> dict:
         timer.start()
         with timer.phase("data"):
+            if data_delay:
+                time.sleep(data_delay)  # a slow loader on every rank: the largest phase, but nobody's excess
             x = torch.randn(batch, 8)
         with timer.phase("forward"):
             if delay:
@@ -295,7 +297,16 @@ def _straggler_rank(ref: grading.ModuleRef):
             steps.append({k: times[k] for k in ("step", "comm", "samples")})
             reports.append(detector.update(times))
         out[name] = (steps, reports)
+    detector = mod.StragglerDetector(every=WINDOW, threshold=0.2, min_excess_s=0.05)
+    reports = [detector.update(train_step(_PHASE_DELAY if rank == _PHASE_RANK else 0.0, 4, _DATA_DELAY))
+               for _ in range(WINDOW)]
+    out["phase"] = reports[-1]
     return out
+
+
+# The phase test: "data" takes _DATA_DELAY on every rank (each rank's largest phase), rank
+# _PHASE_RANK's forward _PHASE_DELAY more: it lost its time in "forward", not in "data".
+_DATA_DELAY, _PHASE_DELAY, _PHASE_RANK = 0.3, 0.15, 2
 
 
 @functools.lru_cache(maxsize=4)
@@ -450,6 +461,44 @@ def test_4_5_json_lines_carry_rank_step_and_fields(grade, tmp_path):
         if not list(board.glob("**/events.out.tfevents.*")):
             problems.append(f"tensorboard is installed but {board} holds no event file")
     assert_no_problems(problems, "MetricsWriter's JSON lines:")
+
+
+def test_4_5_straggler_phase_is_where_it_lost_time(grade):
+    results = _straggler_world(grade("4.5"))
+    problems = []
+    for rank, per_rank in enumerate(results):
+        report = per_rank["phase"]
+        if not isinstance(report, dict):
+            problems.append(f"rank {rank} got {report!r} at step {WINDOW}, not a report (every={WINDOW})")
+            continue
+        found = {s.get("rank"): s.get("phase") for s in report.get("stragglers", [])}
+        if set(found) != {_PHASE_RANK}:
+            problems.append(f"rank {rank}'s report names ranks {sorted(found)} as stragglers, expected "
+                            f"[{_PHASE_RANK}] (threshold 0.2, min_excess_s 0.05)")
+        elif found[_PHASE_RANK] != "forward":
+            problems.append(f"rank {rank}'s report gives the straggler's phase as {found[_PHASE_RANK]!r}; it lost its "
+                            f"time in 'forward' ({_PHASE_DELAY} s more than the others), while 'data' ({_DATA_DELAY} s) "
+                            "is as long on every rank")
+    assert_no_problems(problems, "a straggler's \"phase\" is the phase where it lost the most time against the median "
+                                 "rank, not its largest phase:")
+
+
+def test_4_5_profiler_trace_named_by_rank(grade, tmp_path):
+    mod = grade("4.5").load()
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    timer = mod.StepTimer("cpu")
+    folder = tmp_path / "traces"
+    with mod.training_profiler(folder, rank=3, wait=0, warmup=1, active=1, repeat=1) as prof:
+        for _ in range(3):
+            _timed_cpu_step(timer, model, opt)
+            prof.step()
+    files = sorted(os.path.relpath(f, folder) for f in glob.glob(str(folder / "**" / "*.json*"), recursive=True))
+    assert files, f"training_profiler(rank=3) wrote no trace (.json) under {folder}"
+    wrong = [f for f in files if not os.path.basename(f).startswith("rank3.")]
+    assert not wrong, (f"training_profiler(rank=3) wrote {wrong}; the docstring names each trace "
+                       "rank<rank>.<time_ns>.pt.trace.json, so that the traces of the ranks of one run can be "
+                       "told apart (torch.profiler.tensorboard_trace_handler's worker_name)")
 
 
 def test_4_5_profiler_trace_holds_the_scheduled_steps(grade, tmp_path):
