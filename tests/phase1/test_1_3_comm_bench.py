@@ -75,9 +75,9 @@ def test_1_3_bandwidths_follow_nccl_tests(grade):
     assert algbw == pytest.approx(4e9), f"algbw = size / time = 4e9 B/s, got {algbw:.6g}"
     assert busbw == pytest.approx(6e9), f"busbw = algbw * 2(p-1)/p = 6e9 B/s for p=4, got {busbw:.6g}"
     assert mod.bandwidths(8e6, 2e-3, 1)[1] == 0, "a world of one rank moves no bytes: busbw must be 0"
-    algbw, busbw = mod.bandwidths(1000.0, 3e-3, 3)  # sizes and times that do not divide evenly
-    assert algbw == pytest.approx(1000 / 3e-3) and busbw == pytest.approx(1000 / 3e-3 * 4 / 3), \
-        f"bandwidths(1000 B, 3 ms, 3 ranks): expected algbw {1000 / 3e-3:.6g}, busbw {1000 / 3e-3 * 4 / 3:.6g}; got {algbw:.6g}, {busbw:.6g}"
+    algbw, busbw = mod.bandwidths(10.0, 4.0, 3)  # numbers that do not divide evenly: 2.5 B/s, 2.5 * 4/3 B/s
+    assert algbw == pytest.approx(2.5) and busbw == pytest.approx(10 / 3), \
+        f"bandwidths(10 B, 4 s, 3 ranks): expected algbw 2.5, busbw {10 / 3:.6g} B/s; got {algbw:.6g}, {busbw:.6g}"
 
 
 class FakeClock:
