@@ -7,9 +7,11 @@
 One attempt on one rank (torchrun starts a fresh attempt after a failure):
 
     config ─► data (ElasticSampler 4.3 ─► DataLoader) ─► model ─► DDP (+ 4.4 comm hook)
-    resume (4.2): newest checkpoint that verifies (4.1), the same step on every rank
-    for each step:   data │ forward │ backward (+ all-reduce) │ optimizer      StepTimer (4.5)
-      step boundary: ranks agree on SIGTERM ─► save, exit 0   PreemptionHandler (4.2)
+    output folder: every node sees it, one writer (run_folder.py)
+    resume (4.2): newest checkpoint that verifies (4.1), the same step on every rank,
+                  the same hyperparameters (train_resume.py)
+    for each step:   data │ forward │ backward (+ all-reduce) │ optimizer      train_step.py, StepTimer (4.5)
+      step boundary: ranks agree on SIGTERM/SIGINT ─► save, exit 0   PreemptionHandler (4.2)
                      every N steps / epoch end ─► atomic checkpoint            (4.1)
                      epoch end ─► evaluate (all ranks' counts summed)
                      every K steps ─► metrics.jsonl, straggler report           (4.5)
@@ -35,7 +37,6 @@ import random
 import signal
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -47,23 +48,21 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common.distributed import current_device
 from common.models import build_model
-from phase4_production.checkpoint import (CheckpointManager, CorruptCheckpoint, load_verified,
-                                                    training_state, unwrap)
+from phase4_production.checkpoint import CheckpointManager, training_state, unwrap
 from phase4_production.compression import (CompressionState, PowerSGDState, TopKState, powersgd_hook,
                                                      topk_hook)
-from phase4_production.config import (FIXED, IDENTITY, ConfigError, TrainConfig, changed_hyperparameters,
-                                                describe_changes, parse_config)
+from phase4_production.config import ConfigError, TrainConfig, parse_config
 from phase4_production.elastic import ElasticSampler, plan_batches
 from phase4_production.lifecycle import (die_with_parent, fatal_reported, orphaned, report_fatal,
                                                    stop_signals)
 from phase4_production.monitoring import (MetricsWriter, StepTimer, StragglerDetector, peak_flops,
                                                     training_flops,
                                                     training_profiler)
-from phase4_production.recovery import (Fault, FaultInjector, PreemptionHandler, current_attempt,
-                                                  resume, set_aside_newer)
+from phase4_production.recovery import Fault, FaultInjector, PreemptionHandler, current_attempt
 from phase4_production.run_folder import claim_output_dir, why_unwritable
 from phase4_production.train_data import RankBatches, build_datasets, eval_loader, train_loader
 from phase4_production.train_report import RunReport
+from phase4_production.train_resume import identity, load_weights, resume_run
 from phase4_production.train_step import (NonFiniteLoss, SyncPoints, StepParts, autocast_dtype,
                                                     lr_schedule, make_optimizer, train_step)
 
@@ -79,11 +78,6 @@ def fingerprint(model: nn.Module) -> str:
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
-
-
-def identity(cfg: TrainConfig) -> dict:
-    """What a checkpoint must match to be resumed by this config (else it is another run)."""
-    return {name: getattr(cfg, name) for name in IDENTITY}
 
 
 def _seed_everything(seed: int) -> None:
@@ -202,10 +196,10 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
         faults = FaultInjector([*faults.faults, Fault(cfg.fail_rank, cfg.fail_at_step, "backward")])
 
     checkpoints = CheckpointManager(out / "checkpoints", keep=cfg.keep)
-    progress = _resume(checkpoints, cfg, ddp, optimizer, scheduler, scaler, device)
+    progress = resume_run(checkpoints, cfg, ddp, optimizer, scheduler, scaler, device)
     step = int(progress["step"]) if progress else 0
     if progress is None and cfg.init_from:
-        _load_weights(unwrap(ddp), cfg.init_from, device)
+        load_weights(unwrap(ddp), cfg.init_from, device)
     if cfg.evaluate:  # read only: no lease, no config file, no metrics
         accuracy, test_loss, top5 = evaluate(model, tests, device, dtype)
         return {"evaluated": True, "step": step, "total_steps": total_steps, "world_size": world,
@@ -377,105 +371,6 @@ def _register_comm_hook(ddp: DDP, cfg: TrainConfig, faults: FaultInjector,
     elif any(f.phase == "allreduce" for f in faults.faults):
         ddp.register_comm_hook(None, faults.allreduce_hook)
     return state
-
-
-def _resume(checkpoints, cfg, ddp, optimizer, scheduler, scaler, device) -> dict | None:
-    """recovery.resume, with a one-line error when the checkpoints belong to another run."""
-    if not cfg.evaluate:  # an evaluation writes nothing
-        _set_aside(checkpoints.unusable(), ".unusable", "is not a readable checkpoint file")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            progress = resume(checkpoints, ddp, optimizer, scheduler, scaler, map_location=device)
-    except (RuntimeError, KeyError, ValueError) as exc:
-        if "state_dict" not in str(exc) and not isinstance(exc, KeyError):
-            raise
-        newest = checkpoints.load_latest()  # why the state did not fit: a setting that cannot change?
-        if newest is not None and "config" in newest[1]["progress"]:
-            _check_changes(changed_hyperparameters(newest[1]["progress"]["config"], cfg), cfg, checkpoints, newest[0])
-        raise ValueError(f"the checkpoints in {checkpoints.folder} are not of this run "
-                         f"({str(exc).splitlines()[0]}): use another --output-dir, or delete them to start over") from None
-    if progress is not None and progress.get("identity") != identity(cfg):
-        raise ValueError(f"the checkpoints in {checkpoints.folder} were written by a run with "
-                         f"{progress.get('identity')}, this run has {identity(cfg)}: use another --output-dir, "
-                         "or delete them to start over")
-    if not cfg.evaluate:
-        set_aside_newer(checkpoints, int(progress["step"]) if progress else None)  # failed verification
-    changes = changed_hyperparameters(progress["config"], cfg) if progress and "config" in progress else {}
-    if changes:
-        _check_changes(changes, cfg, checkpoints, progress["step"])
-        _apply_changes(cfg, unwrap(ddp), optimizer, scheduler, changes)
-    return progress
-
-
-def _load_weights(model: nn.Module, path: str, device: torch.device) -> None:
-    """--init-from: the model's weights from a checkpoint of this trainer (verified) or a
-    state_dict file (loaded with weights_only=True); ValueError (one line) if they do not fit."""
-    try:
-        state = load_verified(path, map_location=device)
-    except CorruptCheckpoint:  # not one of ours: a plain state_dict
-        try:
-            state = torch.load(path, map_location=device, weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
-            raise ValueError(f"--init-from {path}: neither a checkpoint of this trainer nor a state_dict "
-                             f"({type(exc).__name__})") from None
-    if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
-        state = state["model"]
-    try:
-        model.load_state_dict(state)
-    except (RuntimeError, TypeError, AttributeError) as exc:
-        raise ValueError(f"--init-from {path} does not fit this --model: {str(exc).splitlines()[0]}") from None
-
-
-def _check_changes(changes: dict, cfg: TrainConfig, checkpoints: CheckpointManager, step: int) -> None:
-    """Raise ValueError (one line) for hyperparameters that differ from the checkpoint's,
-    unless --apply-changes asks for them; settings in FIXED cannot change at all."""
-    fixed = [name for name in FIXED if name in changes]
-    if fixed:
-        raise ValueError(f"the checkpoints in {checkpoints.folder} were trained with other settings "
-                         f"({describe_changes(changes)}); {', '.join('--' + n for n in fixed)} cannot change in "
-                         "the middle of a run: use the old values, or another --output-dir")
-    if changes and not cfg.apply_changes:
-        raise ValueError(f"the checkpoints in {checkpoints.folder} were trained with other hyperparameters "
-                         f"({describe_changes(changes)}): rerun with the old values, or add --apply-changes to "
-                         f"continue from step {step} with the new ones")
-
-
-def _apply_changes(cfg: TrainConfig, model: nn.Module, optimizer, scheduler, changes: dict) -> None:
-    """Put the config's hyperparameters into a resumed optimizer and LR schedule (which hold
-    the checkpoint's) and say what changed, on rank 0. The schedule's function was built from
-    the new --epochs/--warmup-epochs already; the peak LR is set anew from --lr."""
-    before = [group["lr"] for group in optimizer.param_groups]
-    fresh = make_optimizer(cfg, model)  # the groups and values this config gives, without state
-    factor = scheduler.lr_lambdas[0](scheduler.last_epoch)
-    for group, new in zip(optimizer.param_groups, fresh.param_groups):
-        for key in ("weight_decay", "momentum", "nesterov"):
-            if key in new:
-                group[key] = new[key]
-        group["initial_lr"] = new["lr"]
-        group["lr"] = new["lr"] * factor
-    scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
-    if current_attempt().rank == 0:
-        print(f"applying changed hyperparameters at step {scheduler.last_epoch} (--apply-changes): "
-              f"{describe_changes(changes)}; the LR goes from {before[0]:.6g} to {optimizer.param_groups[0]['lr']:.6g}",
-              flush=True)
-
-
-def _set_aside(paths: list[Path], suffix: str, why: str) -> None:
-    """On rank 0: rename each path to path + suffix, with one warning line each (a rename
-    that fails is reported too: the entry then stays where it is, ignored)."""
-    if current_attempt().rank != 0:
-        return
-    for path in paths:
-        try:
-            path.rename(path.with_name(path.name + suffix))
-            print(f"warning: {path} {why}: set aside as {path.name}{suffix} (delete it when done)",
-                  file=sys.stderr, flush=True)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            print(f"warning: {path} {why}, and could not be set aside ({exc.strerror}): ignored",
-                  file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------- command line
