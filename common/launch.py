@@ -411,12 +411,18 @@ def _wait_until_every_rank_delivered(store, world_size: int, timeout_s: float) -
     store.wait(["course/all_delivered"], datetime.timedelta(seconds=timeout_s))
 
 
-def _parent_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process `pid` exists (signal 0 asks without sending anything). Windows has
+    no signal 0 (os.kill(pid, 0) sends a console Ctrl-C there): it answers True."""
+    if pid <= 0:
+        return False
+    if sys.platform == "win32":
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:  # e.g. Windows: no signal 0; the first check below still works
+    except OSError:  # it exists, but is not ours to signal
         return True
     return True
 
@@ -426,7 +432,7 @@ def _exit_when_orphaned(parent_pid: int, caller_pid: int) -> None:
     forked us for it); `caller_pid`: run_world's caller. Either gone -> leave."""
     while True:
         time.sleep(1.0)
-        if os.getppid() != parent_pid or not _parent_alive(caller_pid):
+        if os.getppid() != parent_pid or not pid_alive(caller_pid):
             if _HAS_GROUPS:
                 os.killpg(0, signal.SIGKILL)  # this rank and the processes it started
             os._exit(3)

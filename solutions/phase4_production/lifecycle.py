@@ -34,6 +34,8 @@ import threading
 import time
 from pathlib import Path
 
+from common.launch import pid_alive
+
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _parent: int | None = None  # the parent die_with_parent() watches
 
@@ -58,7 +60,7 @@ def die_with_parent(poll_s: float = 0.5) -> None:
             armed = libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
         except (OSError, AttributeError):
             armed = False
-    if parent == 1 or not _alive(parent):  # orphaned before we could ask
+    if parent == 1 or not pid_alive(parent):  # orphaned before we could ask
         os.kill(os.getpid(), signal.SIGKILL)
     if not armed:
         threading.Thread(target=_watch_parent, args=(parent, poll_s), name="die-with-parent", daemon=True).start()
@@ -70,20 +72,8 @@ def orphaned() -> bool:
     return _parent is not None and os.getppid() != _parent
 
 
-def _alive(pid: int) -> bool:
-    if sys.platform == "win32":  # os.kill(pid, 0) would terminate it there
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, not ours to signal (or Windows: no signal 0)
-        return True
-    return True
-
-
 def _watch_parent(parent: int, poll_s: float) -> None:
-    while os.getppid() == parent and _alive(parent):
+    while os.getppid() == parent and pid_alive(parent):
         time.sleep(poll_s)
     if hasattr(signal, "SIGKILL"):
         os.kill(os.getpid(), signal.SIGKILL)

@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from common.distributed import current_device
+from common.launch import pid_alive
 from solutions.phase4_production.checkpoint import (CheckpointManager, load_verified, restore_training_state,
                                                     training_state, unwrap)
 
@@ -362,18 +363,10 @@ def _kill_launcher(timeout_s: float = 60.0) -> None:
     launcher, parent = _launcher_pid("kill-launcher"), os.getppid()
     os.kill(launcher, signal.SIGKILL)
     deadline = time.monotonic() + timeout_s
-    while (os.getppid() == parent if launcher == parent else _pid_exists(launcher)):
+    while (os.getppid() == parent if launcher == parent else pid_alive(launcher)):
         if time.monotonic() > deadline:
             raise RuntimeError(f"the launcher (pid {launcher}) did not die within {timeout_s:.0f}s of a SIGKILL")
         time.sleep(0.01)
-
-
-def _pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _signal_via_launcher(signum: int, timeout_s: float = 60.0) -> None:

@@ -39,6 +39,8 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
+from common.launch import pid_alive
+
 HEARTBEAT_S = 10.0
 STALE_S = 60.0  # a lease on another host not touched for this long belongs to a dead run
 
@@ -120,7 +122,7 @@ class WriterLease:
         """Why the holder is gone (None: it may be alive)."""
         if holder.get("run_id") == self.record["run_id"]:
             return "a restart of the same job"
-        if holder.get("host") == self.record["host"] and not _pid_alive(int(holder.get("pid", -1))):
+        if holder.get("host") == self.record["host"] and not pid_alive(int(holder.get("pid", -1))):
             return "its process is gone"
         if age > STALE_S:
             return f"no heartbeat for {age:.0f} s"
@@ -132,18 +134,6 @@ class WriterLease:
                 os.utime(self.path)
             except FileNotFoundError:
                 return
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def check_shared(folder: str | Path, device: torch.device) -> None:
