@@ -6,8 +6,10 @@ Three things must not depend on how many ranks there are:
                         numbers at every world size; each rank takes its share of the
                         SAME global batch, so after a resize the rest of the epoch is
                         resharded and every sample is still seen exactly once
-    the global batch    plan_batches: per-rank share = global_batch / world_size, cut into
-                        the fewest micro-batches that fit in memory (gradient accumulation)
+    the global batch    plan_batches: rank r takes rank_share(global_batch, world_size, r),
+                        shares that differ by at most one sample at ANY world size, cut into
+                        the fewest micro-batches that fit in memory (gradient accumulation);
+                        each micro-batch's loss is weighted by its part of the global batch
     sharded state       save_sharded / load_sharded: torch.distributed.checkpoint writes
                         each rank's shard with its global offsets, and loads them into the
                         shards of ANOTHER world (2 ranks -> 1, 3 or 4)
@@ -33,43 +35,54 @@ import torch
 # ---------------------------------------------------------------- global batch, any world size
 
 
+def rank_share(global_batch: int, world_size: int, rank: int) -> slice:
+    """Where rank `rank` takes its share of a global batch: a slice of range(global_batch).
+    Shares differ by at most one sample and the first global_batch % world_size ranks take
+    the larger ones, so the slices of ranks 0..world_size-1 tile the global batch in order:
+    rank_share(10, 4, r) for r = 0..3 -> 0:3, 3:6, 6:8, 8:10. Raises ValueError (one line)
+    when the rank is not in the world or the world has more ranks than the batch has samples."""
+    raise NotImplementedError('TODO 4.3: shares of global_batch // world_size, one more for the first global_batch % world_size ranks')
+
+
 @dataclass(frozen=True)
 class BatchPlan:
     """How one step of `global_batch` samples is split over `world_size` ranks.
 
-    per_rank       samples each rank takes per step: global_batch // world_size (exact)
-    micro_batches  sizes of the micro-batches a rank runs in turn (gradient accumulation);
-                   sum(micro_batches) == per_rank, each one <= the max per-rank batch
+    shares         samples rank r takes per step, shares[r] == len(rank_share(global_batch,
+                   world_size, r)): they sum to global_batch and differ by at most one
+    accumulation   forward/backward passes per optimizer step, THE SAME on every rank: the
+                   collectives some forward passes run (SyncBatchNorm's statistics, DDP's
+                   buffer broadcast) pair up only if every rank runs as many
+    max_per_rank   the most samples one micro-batch may hold
     """
 
     global_batch: int
     world_size: int
-    per_rank: int
-    micro_batches: tuple[int, ...]
+    shares: tuple[int, ...]
+    accumulation: int
+    max_per_rank: int
 
-    @property
-    def accumulation(self) -> int:
-        """Forward/backward passes per optimizer step on each rank."""
-        return len(self.micro_batches)
+    def micro_batches(self, rank: int) -> tuple[int, ...]:
+        """Sizes of the `accumulation` micro-batches rank `rank` runs in turn: they sum to
+        shares[rank], differ by at most one, and each holds 1..max_per_rank samples."""
+        raise NotImplementedError("TODO 4.3: cut this rank's share into `accumulation` near-equal parts")
 
-    def micro_slices(self) -> list[tuple[slice, float]]:
-        """(slice of this rank's share, loss weight) per micro-batch. With the mean loss of
-        each micro-batch times its weight (size / per_rank), the accumulated gradient is that
-        of the mean over the rank's share; the all-reduce average over equal shares then makes
-        it the gradient of the mean over the global batch, at every world size."""
-        out, start = [], 0
-        for size in self.micro_batches:
-            out.append((slice(start, start + size), size / self.per_rank))
-            start += size
-        return out
+    def micro_slices(self, rank: int) -> list[tuple[slice, float]]:
+        """(slice of rank `rank`'s share, loss weight) per micro-batch. With the mean loss of
+        each micro-batch times its weight, and the gradients AVERAGED over the ranks (DDP's
+        all-reduce), the result is the gradient of the mean loss over the whole global batch,
+        at every world size, also when the shares are not equal."""
+        raise NotImplementedError('TODO 4.3: a micro-batch of n samples holds n / global_batch of the global mean; the all-reduce divides by world_size')
 
 
 def plan_batches(global_batch: int, world_size: int, max_per_rank: int) -> BatchPlan:
-    """The split of a fixed global batch over `world_size` ranks: equal shares of
-    global_batch // world_size samples, each cut into the fewest micro-batches of at most
-    `max_per_rank` samples. Raises ValueError (one line) when the world size does not
-    divide the global batch, or when an argument is not positive."""
-    raise NotImplementedError('TODO 4.3: equal shares of the global batch; accumulation steps so a micro-batch fits in max_per_rank')
+    """The split of a fixed global batch over `world_size` ranks: the shares of
+    rank_share, and the fewest micro-batches per step, the same number on every rank,
+    that keep every micro-batch within `max_per_rank` samples. Raises ValueError (one line)
+    when an argument is not positive, the world has more ranks than the batch has samples,
+    or a rank's share is smaller than that number of micro-batches (a micro-batch would be
+    empty: raise max_per_rank)."""
+    raise NotImplementedError("TODO 4.3: the shares of rank_share; accumulation steps so that the largest share's micro-batches fit")
 
 
 # ---------------------------------------------------------------- data position, any world size
@@ -116,9 +129,9 @@ class ElasticSampler:
         return torch.randperm(self.dataset_size, generator=gen).tolist()
 
     def rank_batches(self, rank: int, world_size: int) -> list[list[int]]:
-        """This rank's share (global_batch // world_size sample indices) of each global
-        batch of the current epoch not consumed yet, in step order. Raises ValueError when
-        the world size does not divide the global batch, or the rank is not in the world."""
+        """This rank's share (the `rank_share` slice) of each global batch of the current
+        epoch not consumed yet, in step order. Raises ValueError when the rank is not in
+        the world or the world has more ranks than the global batch has samples."""
         raise NotImplementedError("TODO 4.3: the rest of the epoch's order, in global batches; this rank takes its slice of each")
 
     def advance(self) -> None:

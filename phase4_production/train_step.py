@@ -81,7 +81,8 @@ class StepParts:
 
     net: nn.Module                        # what the forward calls: ddp, or torch.compile(ddp)
     ddp: DDP
-    plan: BatchPlan                       # this rank's share of the global batch, in passes
+    plan: BatchPlan                       # every rank's share of the global batch, in passes
+    rank: int                             # whose share this process trains on
     loss_fn: nn.Module
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler          # enabled for fp16 only
@@ -136,7 +137,7 @@ def _forward(parts: StepParts, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor
 
 
 def train_step(parts: StepParts, batch, timer: StepTimer, faults: FaultInjector) -> float:
-    """One optimizer step over this rank's share of a global batch, in plan.micro_batches
+    """One optimizer step over this rank's share of a global batch, in plan.accumulation
     passes (DDP's all-reduce runs in the last backward only); returns this rank's mean loss.
     A step the loss scaler skips (inf/NaN gradients) also empties the compression memory,
     which would otherwise carry the inf into every later step."""
@@ -145,7 +146,8 @@ def train_step(parts: StepParts, batch, timer: StepTimer, faults: FaultInjector)
              memory_format=torch.channels_last if parts.channels_last else torch.preserve_format)
     y = y.to(parts.device, non_blocking=True)
     total = 0.0
-    slices = parts.plan.micro_slices()
+    slices = parts.plan.micro_slices(parts.rank)
+    share = parts.plan.shares[parts.rank]
     for i, (part, weight) in enumerate(slices):
         sync = contextlib.nullcontext() if i == len(slices) - 1 else parts.ddp.no_sync()
         points = parts.sync_points
@@ -165,7 +167,7 @@ def train_step(parts: StepParts, batch, timer: StepTimer, faults: FaultInjector)
                 points.last_grad, begin = None, timer.mark()
                 parts.scaler.scale(loss * weight).backward()
                 points.split("backward", begin, points.last_grad, timer.mark())
-        total += loss.detach() * weight
+        total += loss.detach() * ((part.stop - part.start) / share)
     with timer.phase("optimizer"):
         scaler, optimizer = parts.scaler, parts.optimizer
         if parts.grad_clip > 0:

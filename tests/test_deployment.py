@@ -260,8 +260,9 @@ def test_every_file_that_launches_the_trainer_is_checked_here():
 
 @pytest.mark.parametrize("name", LAUNCHES)
 def test_every_world_size_a_file_can_reach_splits_its_global_batch(name):
-    """plan_batches refuses a world size that does not divide the global batch, and the trainer
-    stops at start (every attempt at that size, until the restarts run out)."""
+    """Shares may differ by a sample, but plan_batches refuses a world with more ranks than the
+    global batch has samples, or shares too small for the micro-batches; the trainer would stop
+    at start, every attempt at that size, until the restarts run out."""
     launch = LAUNCHES[name]()
     cfg = launch.config
     refused = []

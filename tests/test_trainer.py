@@ -407,8 +407,12 @@ def test_evaluate_only_and_init_from(tmp_path):
 
 
 def test_trainer_resumes_at_another_world_size(tmp_path):
-    first = launch(tmp_path, "--max-steps", "4")
+    """3 ranks share the global batch of 64 as 22 + 21 + 21 samples (each loss weighted by its
+    share), then the run goes on alone from the same data position."""
+    first = launch(tmp_path, "--max-steps", "4", nproc=3)
     assert first.returncode == 0 and "stopped at step 4 of 22" in first.stdout, first.stdout + first.stderr[-2000:]
+    assert "rank 0 of 3 on cpu, attempt 0: starting at step 0 of 22 (22 or 21 samples per rank" in first.stdout, \
+        first.stdout
     second = launch(tmp_path, nproc=1)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "rank 0 of 1 on cpu, attempt 0: resuming at step 4 of 22" in second.stdout, second.stdout
@@ -447,7 +451,7 @@ def _fp16_steps_around_an_overflow() -> list[bool]:
     state = TopKState(ratio=0.5, start_iter=2)
     ddp.register_comm_hook(state, topk_hook)
     scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
-    parts = StepParts(ddp, ddp, plan_batches(4, 1, 4), torch.nn.CrossEntropyLoss(),
+    parts = StepParts(ddp, ddp, plan_batches(4, 1, 4), 0, torch.nn.CrossEntropyLoss(),
                       torch.optim.SGD(model.parameters(), lr=0.1), scaler, torch.float16, torch.device("cpu"),
                       compression=state)
     batch = (torch.randn(4, 8), torch.arange(4))
@@ -616,8 +620,9 @@ def test_trainer_reports_a_missing_dataset_in_one_line(tmp_path):
                     "CIFAR-10 not found", "data/README.md")
 
 
-def test_trainer_rejects_a_world_size_that_does_not_split_the_global_batch(tmp_path):
-    _one_line_error(launch(tmp_path, nproc=3), "64", "3 ranks")
+def test_trainer_rejects_more_ranks_than_the_global_batch_has_samples(tmp_path):
+    _one_line_error(launch(tmp_path, "--global-batch", "2", nproc=3), "3 ranks cannot share a global batch of 2",
+                    "--global-batch")
 
 
 def test_trainer_refuses_checkpoints_of_another_model_and_keeps_them(tmp_path):

@@ -168,7 +168,7 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
     sampler = ElasticSampler(len(train_set), cfg.global_batch, seed=cfg.seed)
     pin = device.type == "cuda"
     loader = train_loader(train_set, RankBatches(sampler, rank, world), cfg.seed, cfg.workers, pin)
-    tests = eval_loader(test_set, rank, world, max(plan.micro_batches), cfg.workers, pin)
+    tests = eval_loader(test_set, rank, world, max(plan.micro_batches(0)), cfg.workers, pin)  # rank 0: a largest share
     total_steps = sampler.steps_per_epoch * cfg.epochs  # the schedule's length
     end = min(total_steps, cfg.max_steps) if cfg.max_steps is not None else total_steps  # where this run stops
 
@@ -225,7 +225,7 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
         (out / "configs" / f"{time.strftime('%Y%m%d-%H%M%S')}-attempt{attempt.restart}-pid{os.getpid()}.json").write_text(resolved)
         print(f"rank 0 of {world} on {device}, attempt {attempt.restart}: "
               f"{'resuming' if step else 'starting'} at step {step} of {total_steps} "
-              f"({plan.per_rank} samples per rank per step, {plan.accumulation} accumulation pass(es)); "
+              f"({_shares(plan)} per step, {plan.accumulation} accumulation pass(es)); "
               f"checkpoints in {checkpoints.folder}", flush=True)
         if any(f.attempt == attempt.restart - 1 for f in faults.faults):
             print(f"attempt {attempt.restart} is a planned restart: the fault injector "
@@ -235,7 +235,7 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
     timer = StepTimer(device)
     stragglers = StragglerDetector(every=cfg.straggler_every, threshold=cfg.straggler_threshold,
                                    min_excess_s=0.005, device=device) if world > 1 else None
-    parts = StepParts(net, ddp, plan, nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing), optimizer, scaler,
+    parts = StepParts(net, ddp, plan, rank, nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing), optimizer, scaler,
                       dtype, device, channels_last, cfg.grad_clip, compression,
                       SyncPoints(ddp, timer, faults) if world > 1 and not cfg.compile else None)
     show = RunReport(cfg, rank, attempt.restart, end, step, world, metrics, device, flops_per_sample)
@@ -298,9 +298,9 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
                 scheduler.step()
                 sampler.advance()
                 step += 1
-                times = timer.stop(samples=plan.per_rank)
+                times = timer.stop(samples=plan.shares[rank])
                 train_seconds += times["step"]
-                samples_trained += plan.per_rank
+                samples_trained += cfg.global_batch  # by all ranks
                 epoch_done = sampler.consumed == 0
                 place["what"] = "the stop-flag all-reduce (PreemptionHandler.should_stop)"
                 # before the evaluation: the grace period is ticking. Every --stop-check-every steps
@@ -334,10 +334,16 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
     summary = {"step": step, "total_steps": total_steps, "preempted": preempted, "world_size": world,
                "epochs_done": sampler.epoch, "accuracy": accuracy, "top5": top5, "test_loss": test_loss,
                "history": history, "seconds": time.perf_counter() - started,
-               "images_per_s": samples_trained * world / train_seconds if train_seconds else 0.0,
+               "images_per_s": samples_trained / train_seconds if train_seconds else 0.0,
                "fingerprint": fingerprint(ddp), "output_dir": str(out)}
     show.close(step, summary)
     return summary
+
+
+def _shares(plan) -> str:
+    """'32 samples per rank', or '22 or 21 samples per rank' where the world does not divide the batch."""
+    big, small = max(plan.shares), min(plan.shares)
+    return f"{big}{'' if big == small else f' or {small}'} samples per rank"
 
 
 def _flops_per_sample(model: nn.Module, shape: tuple[int, ...], device: torch.device) -> float | None:

@@ -79,7 +79,7 @@ def run(mod, out: Path, attempt: int) -> None:
     while step < sampler.steps_per_epoch:
         indices = [int(i) for i in sampler.rank_batches(rank, world)[0]]
         optimizer.zero_grad()
-        for part, weight in plan.micro_slices():
+        for part, weight in plan.micro_slices(rank):
             idx = torch.tensor(indices[part])
             (F.mse_loss(model(x[idx]), y[idx]) * weight).backward()
         for p in model.parameters():

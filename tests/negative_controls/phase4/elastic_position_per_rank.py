@@ -11,12 +11,11 @@ class ElasticSampler(_reference.ElasticSampler):
     _share = None
 
     def rank_batches(self, rank, world_size):
-        if self.global_batch % world_size:
-            raise ValueError(f"a global batch of {self.global_batch} does not split evenly over {world_size} ranks")
-        self._share = share = self.global_batch // world_size
+        mine = rank_share(self.global_batch, world_size, rank)
+        self._share = share = mine.stop - mine.start
         order = self.order()
         first = self.consumed // share  # the bug: `consumed` counts this rank's samples
-        return [order[t * self.global_batch + rank * share: t * self.global_batch + (rank + 1) * share]
+        return [order[t * self.global_batch:(t + 1) * self.global_batch][mine]
                 for t in range(first, self.steps_per_epoch)]
 
     def advance(self):
