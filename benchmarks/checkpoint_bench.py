@@ -17,6 +17,13 @@ median over --rounds):
 Times are reported in seconds and as ratios to torch.save; sizes in MiB. Where the page
 cache absorbs the writes, fsync is what makes a save wait for the disk: run it with --dir
 on the file system your checkpoints go to.
+
+Then the training stall per save, with the trainer's writer (checkpoint_writer.py) in the
+training thread (sync: the step waits for atomic_save) and in the background (async: the
+step waits for a CPU copy of the state). A loop of fixed compute steps saves every
+--save-every steps; stall per save = (loop time with saves - loop time without) / saves,
+which also counts what the writer thread takes from the loop (the GIL, memory bandwidth,
+cores). All three loops run in turns, the median over --rounds.
 """
 
 from __future__ import annotations
@@ -39,7 +46,8 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from solutions.phase4_production.checkpoint import atomic_save, load_verified  # noqa: E402
+from solutions.phase4_production.checkpoint import CheckpointManager, atomic_save, load_verified  # noqa: E402
+from solutions.phase4_production.checkpoint_writer import BackgroundWriter  # noqa: E402
 from _util import OneLineParser, pyplot_or_none, save_outputs  # noqa: E402  (benchmarks/ is sys.path[0])
 
 BASELINE = "torch.save"
@@ -115,6 +123,49 @@ def run(model_name: str, rounds: int, where: str | None) -> dict:
             "seconds": median, "bytes": sizes, "torch": torch.__version__}
 
 
+def _compute_step(x: torch.Tensor) -> torch.Tensor:
+    """A stand-in for a training step: a fixed amount of matrix work."""
+    for _ in range(8):
+        x = torch.tanh(x @ x)
+    return x
+
+
+def run_stall(model_name: str, rounds: int, where: str | None, steps: int = 90, save_every: int = 30) -> dict:
+    """Median loop seconds with no saves, sync saves and background saves; stall per save, and
+    the time submit() itself blocked (the writer's own view: the copy, or the whole write).
+    The interval between saves must exceed a write for the background writer to hide it
+    (one write in flight: a save that comes sooner waits for the previous one)."""
+    state, _ = build_state(model_name)
+    x = torch.randn(384, 384) / 384 ** 0.5
+    loops = {"no save": None, "sync": False, "async": True}
+    seconds: dict[str, list[float]] = {name: [] for name in loops}
+    blocked: dict[str, list[float]] = {"sync": [], "async": []}
+    for _ in range(rounds):
+        for name, asynchronous in loops.items():
+            folder = Path(tempfile.mkdtemp(prefix="ckpt_stall_", dir=where))
+            try:
+                writer = BackgroundWriter(CheckpointManager(folder, keep=2), asynchronous=bool(asynchronous),
+                                          on_done=lambda r, name=name: blocked[name].append(r.stall_s))
+                began = time.perf_counter()
+                with writer:
+                    for step in range(1, steps + 1):
+                        _compute_step(x)
+                        for tensor in state["model"].values():  # the optimizer step changes the state in place
+                            if tensor.is_floating_point():
+                                tensor.mul_(1.0)
+                        if asynchronous is not None and step % save_every == 0:
+                            writer.submit(step, state)
+                    writer.wait()
+                seconds[name].append(time.perf_counter() - began)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+    median = {name: statistics.median(v) for name, v in seconds.items()}
+    saves = steps // save_every
+    return {"steps": steps, "saves": saves, "loop_seconds": median,
+            "stall_per_save": {name: (median[name] - median["no save"]) / saves for name in ("sync", "async")},
+            "submit_seconds": {name: statistics.median(v) for name, v in blocked.items()}}
+
+
 def report(r: dict) -> None:
     base = r["seconds"][BASELINE]
     print(f"{r['model']} ({r['parameters'] / 1e6:.1f} M parameters) + Adam state, median of {r['rounds']} round(s), "
@@ -123,6 +174,16 @@ def report(r: dict) -> None:
     for name, s in r["seconds"].items():
         print(f"{name:<13} {s['save']:8.3f} {s['save'] / base['save']:6.2f} {s['load']:8.3f} "
               f"{s['load'] / base['load']:6.2f} {r['bytes'][name] / 2**20:8.1f}")
+    st = r.get("stall")
+    if st:
+        loop = st["loop_seconds"]
+        print(f"\ntraining stall per save: {st['steps']} steps, a save every {st['steps'] // st['saves']} "
+              f"({st['saves']} saves), loop {loop['no save']:.3f} s without saves")
+        print(f"{'writer':<13} {'loop s':>8} {'stall/save s':>13} {'x sync':>7} {'submit s':>9}")
+        for name in ("sync", "async"):
+            per = st["stall_per_save"][name]
+            ratio = per / st["stall_per_save"]["sync"] if st["stall_per_save"]["sync"] > 0 else float("nan")
+            print(f"{name:<13} {loop[name]:8.3f} {per:13.4f} {ratio:7.2f} {st['submit_seconds'][name]:9.4f}")
 
 
 def plot(r: dict, path: str) -> None:
@@ -154,6 +215,7 @@ def main(argv=None) -> None:
         parser.error("--rounds must be at least 1")
     torch.set_num_threads(1)
     result = run(args.model, args.rounds, args.dir)
+    result["stall"] = run_stall(args.model, args.rounds, args.dir)
     report(result)
     save_outputs(result, args.json, args.plot, plot)
 

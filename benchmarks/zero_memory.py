@@ -4,13 +4,15 @@
     python benchmarks/zero_memory.py --worlds 2 3 --width 512 --layers 8 --learner
 
 For each world size a world of ranks (common.launch.run_world) trains the same MLP two
-Adam steps with each stage. During the second step every rank samples
+Adam steps with each stage (stages 0-2 wrap torch.optim.Adam; stage 3 has its own). During
+the second step every rank samples
 `common.measure.training_memory` (the model's parameters, their .grad, what the optimizer
 keeps) at every collective it calls and at the end of backward (CollectiveLog's on_call),
 and after the step; it also counts the elements it sends (ring model of the calls it
-makes, `ring_elements_sent`). The table shows rank 0: bytes between steps next to
-`zero_state_bytes` (the formula, padding included), the PEAK and where it happened, the
-ratio to DP, and the traffic per step. Activations are not counted (exercise 2.3).
+makes, `ring_elements_sent`). The table shows rank 0: bytes after the step next to
+`zero_state_bytes` (the formula, padding and stage 1's whole-parameter shares included), the
+PEAK and where it happened, the ratio to DP, and the traffic per step. Activations are not
+counted (exercise 2.3).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from solutions.phase2_advanced.zero import layer_numels, zero_state_bytes  # noq
 from _util import OneLineParser, save_outputs  # noqa: E402  (benchmarks/ is sys.path[0])
 
 NAMES = {0: "DP (stage 0)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
-CLASSES = {0: "DataParallelAdam", 1: "ZeroStage1", 2: "ZeroStage2", 3: "ZeroStage3"}
+CLASSES = {0: "DataParallelOptimizer", 1: "ZeroStage1", 2: "ZeroStage2", 3: "ZeroStage3"}
 
 
 def build(width: int, layers: int, classes: int) -> nn.Module:
@@ -58,10 +60,15 @@ def bench_rank(module_name: str, width: int, layers: int, batch: int) -> dict:
     out = {}
     for stage, name in CLASSES.items():
         model = build(width, layers, 10).to(device)
-        optimizer = getattr(mod, name)(model, lr=1e-3)
+        if stage == 3:
+            optimizer = mod.ZeroStage3(model, lr=1e-3)
+        else:
+            optimizer = getattr(mod, name)(model.parameters(), torch.optim.Adam, lr=1e-3)
+        optimizer.zero_grad()
         F.cross_entropy(model(inputs), targets).backward()
         optimizer.step()
         # the second step, measured whole: stage 3 gathers in forward and backward, not in step()
+        optimizer.zero_grad()
         peak = PeakBytes(lambda: training_memory(model, optimizer))
         with CollectiveLog(on_call=lambda call: peak.sample(call.name)) as log:
             F.cross_entropy(model(inputs), targets).backward()
@@ -75,14 +82,15 @@ def bench_rank(module_name: str, width: int, layers: int, batch: int) -> dict:
 
 def run(args) -> dict:
     module_name = ("" if args.learner else "solutions.") + "phase2_advanced.zero"
-    units = layer_numels(build(args.width, args.layers, 10))
+    model = build(args.width, args.layers, 10)
+    units = layer_numels(model)
     results = {"psi": sum(units), "units": units, "worlds": {}}
     for world in args.worlds:
         with exit_on_user_error():
             ranks = run_world(bench_rank, world, args=(module_name, args.width, args.layers, args.batch),
                               timeout=args.timeout)
         results["worlds"][world] = {
-            stage: {**ranks[0][stage], "formula": zero_state_bytes(stage, units, world),
+            stage: {**ranks[0][stage], "formula": zero_state_bytes(stage, model, world),
                     "max_peak_total": max(r[stage]["peak"]["total"] for r in ranks)}
             for stage in CLASSES}
     return results
@@ -93,7 +101,7 @@ def report(r: dict, args) -> str:
     impl = "your zero.py" if args.learner else "reference zero.py"
     lines = [f"MLP {args.layers} x Linear(width {args.width}), Psi = {psi:,} fp32 parameters in {len(r['units'])} units "
              f"(the largest {max(r['units']) / psi:.0%}), Adam, {impl}, rank 0",
-             "between steps: params + grads + optimizer-held (shards, Adam state), measured by training_memory vs "
+             "after the step: params + grads + optimizer-held (shards, Adam state), measured by training_memory vs "
              "zero_state_bytes;",
              "peak: the most held at any collective or at the end of backward (activations not counted), and the "
              "full gradients then; comm: elements sent per step (ring model) / Psi", ""]
@@ -117,7 +125,8 @@ def report(r: dict, args) -> str:
               "for backward where saved: up to +2 at the peak)",
               "  the ZeRO paper's (fp16 params and grads + K = 12 of fp32 master weights and Adam):  2 + 2 + 12 = 16;"
               "  ZeRO-1 2+2+12/N, ZeRO-2 2+14/N, ZeRO-3 16/N",
-              "comm: DP all-reduce 2(N-1)/N; ZeRO-1 here all-reduce + all-gather 3(N-1)/N; ZeRO-2 reduce-scatter +",
+              "comm: DP all-reduce 2(N-1)/N; ZeRO-1 here all-reduce + a broadcast per parameter from its owner",
+              "2(N-1)/N + 1 (a broadcast counts its whole message); ZeRO-2 reduce-scatter +",
               "all-gather 2(N-1)/N, as DP; ZeRO-3 all-gather x2 + reduce-scatter 3(N-1)/N = 1.5x DP.",
               "", "the same Psi in the two regimes, MB per rank (formulas, no padding):"]
     for n in r["worlds"]:

@@ -103,7 +103,7 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None,
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         timeout = datetime.timedelta(seconds=timeout_s or DEFAULT_PG_TIMEOUT_S)
-        # device_id binds this rank's GPU to the group. In torch 2.15, under NCCL, the
+        # device_id binds this rank's GPU to the group. In torch 2.14.1, under NCCL, the
         # communicator is then created at once (an error shows here, not at the first
         # collective) and sub-groups are split from it (ncclCommSplit). CPU: nothing to bind.
         device_id = device if device.type == "cuda" else None

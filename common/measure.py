@@ -35,7 +35,7 @@ _MESSAGE_ARG = {
     "all_to_all_single": "input", "gather": "tensor", "scatter": "scatter_list",
     "send": "tensor", "recv": "tensor", "isend": "tensor", "irecv": "tensor",
     "batch_isend_irecv": "p2p_op_list", "barrier": None,
-    # torch 2.15's new names; the old ones above are now aliases that call them.
+    # the newer names (torch 2.14.1 has them); the old ones above are now deprecated aliases that call them.
     "all_gather_single": "input_tensor", "reduce_scatter_single": "input",
 }
 # A call under a new name is recorded under the old, familiar one.
@@ -250,7 +250,8 @@ def ring_elements_sent(call: Call, world_size: int) -> float:
         anything else                   its whole message
 
     This counts the call the code makes, not what a backend does with it: gloo (torch
-    2.15) runs reduce_scatter_tensor as an all-reduce, moving all-reduce's bytes.
+    2.14.1; loopback bytes measured on 2 ranks) runs reduce_scatter_tensor as an all-reduce,
+    moving all-reduce's bytes.
     """
     n = world_size
     scatter, gather = (n - 1) / n, n - 1
@@ -310,7 +311,7 @@ class PointToPointLog(CollectiveLog):
                 bound = signature.bind_partial(*args, **kwargs).arguments
                 if name == "batch_isend_irecv":
                     posted = [PointToPointOp(_P2P_KIND[inspect.unwrap(op.op).__name__], op.peer, op.tensor)
-                              for op in bound["p2p_op_list"]]  # P2POp.peer is global (torch 2.15)
+                              for op in bound["p2p_op_list"]]  # P2POp.peer is global (torch 2.14.1)
                 else:
                     kind = _P2P_KIND[name]
                     peer = bound.get("dst" if kind == "send" else "src")
@@ -441,9 +442,11 @@ def reachable_tensors(root: object) -> list[torch.Tensor]:
     """Every tensor `root` keeps alive through attributes, lists, tuples, sets and dicts (keys too).
 
     Plain Python objects are entered through their `__dict__` (e.g. an optimizer and the
-    shard objects it keeps); an nn.Module is not entered (count a model through its
-    parameters), nor are torch's own objects (process groups, hook handles). A tensor
-    held only by a closure or a local variable is not reachable, so it is not seen.
+    shard objects it keeps), and so are torch.optim optimizers (their state, and a wrapped
+    one's, as in ZeroRedundancyOptimizer); an nn.Module is not entered (count a model
+    through its parameters), nor are torch's other objects (process groups, hook handles). A
+    leaf tensor's .grad is reachable through it (a shard the optimizer steps keeps its gradient
+    there). A tensor held only by a closure or a local variable is not reachable, so it is not seen.
     """
     found: list[torch.Tensor] = []
     seen: set[int] = set()
@@ -455,11 +458,15 @@ def reachable_tensors(root: object) -> list[torch.Tensor]:
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
             found.append(obj)
+            if obj.is_leaf and obj.grad is not None:
+                stack.append(obj.grad)
         elif isinstance(obj, dict):
             stack.extend(obj.keys())
             stack.extend(obj.values())
         elif isinstance(obj, (list, tuple, set, frozenset)):
             stack.extend(obj)
+        elif isinstance(obj, torch.optim.Optimizer):
+            stack.extend(vars(obj).values())
         elif isinstance(obj, torch.nn.Module) or type(obj).__module__.split(".")[0] == "torch":
             continue
         elif hasattr(obj, "__dict__") and not isinstance(obj, type) and not inspect.ismodule(obj):

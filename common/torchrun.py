@@ -13,7 +13,7 @@ the `torchrun` script runs) in its own session, with stdout and stderr in a file
 the deadline, on an agent that fails, and when the `with` block ends, every process of
 the job is killed: the agents, their workers, and whatever those started.
 
-Why not just kill the agent's process group: torch 2.15's agent starts each worker of
+Why not just kill the agent's process group: torch 2.14's agent starts each worker of
 `-m module` / `script.py` with `subprocess.Popen(..., start_new_session=True)`
 (torch/distributed/elastic/multiprocessing/subprocess_handler/subprocess_handler.py),
 so workers live in sessions and groups of their own, and an agent killed with SIGKILL

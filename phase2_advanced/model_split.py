@@ -131,7 +131,7 @@ class Mailbox:
     post is one `dist.batch_isend_irecv` (what torch.distributed.pipelining and Megatron
     do), on gloo as on NCCL: the code the tests run on CPUs is the code GPUs run.
     Every Work it returns is kept until waited: a send whose Work is dropped unwaited
-    can leave its peer waiting forever (gloo, torch 2.15; see guidelines 2.5).
+    can leave its peer waiting forever (gloo, torch 2.14.1; see guidelines 2.5).
     On NCCL, batch_isend_irecv must not be the group's first collective unless every
     rank joins it: run e.g. dist.barrier() once after init_process_group.
     """

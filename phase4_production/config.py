@@ -27,7 +27,7 @@ _HERE = Path(__file__).resolve().parent
 RECIPES = _HERE / "recipes" if (_HERE / "recipes").is_dir() else _HERE.parent / "solutions" / _HERE.name / "recipes"
 AMP_MODES = ("auto", "bf16", "fp16", "off")
 OPTIMIZERS = ("sgd", "adamw")
-COMPRESSIONS = ("none", "powersgd", "topk")
+COMPRESSIONS = ("none", "powersgd", "topk", "dgc")
 
 
 def _opt(default: Any, help: str, **argparse_kwargs: Any) -> Any:
@@ -68,9 +68,12 @@ class TrainConfig:
     grad_clip: float = _opt(0.0, "clip the gradient norm to this (0: off)")
     amp: str = _opt("auto", "mixed precision (auto: bf16 on GPUs that have it, else fp16 + GradScaler; off on CPU)",
                     choices=AMP_MODES)
-    compression: str = _opt("none", "gradient compression as a DDP comm hook (4.4)", choices=COMPRESSIONS)
+    compression: str = _opt("none", "gradient compression as a DDP comm hook (4.4); dgc: top-k with DGC's momentum "
+                                    "correction (SGD's momentum and weight decay move into the hook)", choices=COMPRESSIONS)
     compression_rank: int = _opt(4, "PowerSGD rank")
     topk_ratio: float = _opt(0.01, "top-k: fraction of gradient elements sent")
+    topk_warmup: int = _opt(0, "top-k and dgc: steps from --compression-start over which the fraction sent falls "
+                               "exponentially from 0.25 to --topk-ratio (DGC's sparsity warm-up; 0: none)")
     compression_start: int = _opt(10, "step from which --compression compresses (plain all-reduce before it, "
                                       "and in the first 2 steps of every restart; torch's PowerSGD default: 1000)")
     seed: int = _opt(0, "seed of the weights, the data order and the augmentation")
@@ -80,6 +83,11 @@ class TrainConfig:
     output_dir: str = _opt("runs/digits", "checkpoints, metrics and traces go here; a run resumes from it")
     checkpoint_every: int = _opt(20, "save every N steps (and at every epoch end)")
     keep: int = _opt(3, "checkpoints kept (the newest)")
+    async_checkpoint: str = _opt("auto", "write each checkpoint in a background thread from a CPU copy of the "
+                                         "state, so the step waits for the copy, not for the write, hash and fsync "
+                                         "(auto: on GPUs; off on the CPU, where the thread slows a CPU-bound step "
+                                         "more than the write it hides: benchmarks/checkpoint_bench.py)",
+                                 choices=("auto", "on", "off"))
     fail_at_step: int | None = _opt(None, "chaos: on the first attempt one rank SIGKILLs itself at this step")
     fail_rank: int = _opt(1, "the rank --fail-at-step kills")
     evaluate: bool = _opt(False, "evaluate the newest checkpoint in --output-dir (or --init-from's weights) on the "
@@ -127,6 +135,13 @@ class TrainConfig:
                 raise ValueError(f"--{_flag(name)} must be {kind}{allowed}, got {value}")
         if self.dataset in ("cifar10", "imagenet") and not self.data_root:
             raise ValueError(f"--dataset {self.dataset} needs --data-root (see data/README.md for how to get it)")
+        if self.compression == "dgc" and self.optimizer != "sgd":
+            raise ValueError(f"--compression dgc moves SGD's momentum into the comm hook; it cannot carry "
+                             f"--optimizer {self.optimizer}'s moments: use --optimizer sgd or --compression topk")
+        if self.compression == "dgc" and self.grad_clip > 0:
+            raise ValueError("--grad-clip clips the gradient before momentum, but with --compression dgc .grad holds "
+                             "the update after it (momentum is inside the comm hook): use --grad-clip 0 or "
+                             "--compression topk")
         return self
 
     def check_paths(self) -> "TrainConfig":
@@ -151,6 +166,7 @@ _RANGES = {
     "micro_batch": (1, _INF, False), "nproc": (1, _INF, False), "max_steps": (1, _INF, False),
     "image_size": (8, _INF, False), "workers": (0, _INF, False), "profile_steps": (0, _INF, False),
     "fail_rank": (0, _INF, False), "stop_check_every": (1, _INF, False), "fail_at_step": (0, _INF, False), "compression_start": (0, _INF, False),
+    "topk_warmup": (0, _INF, False),
     "seed": (0, 2**32, False),
     "lr": (1e-12, 100.0, True), "momentum": (0.0, 1.0, False), "weight_decay": (0.0, 1.0, True),
     "warmup_epochs": (0.0, 1e6, True), "label_smoothing": (0.0, 1.0, False), "grad_clip": (0.0, 1e12, True),
@@ -179,7 +195,7 @@ IDENTITY = ("model", "dataset", "image_size", "global_batch", "seed")
 # Where and how it runs, not what it computes: may change between two starts of a run.
 OPERATIONAL = frozenset({
     "data_root", "workers", "channels_last", "compile", "micro_batch", "deterministic", "output_dir",
-    "checkpoint_every", "keep", "fail_at_step", "fail_rank", "log_every", "straggler_every", "straggler_threshold",
+    "checkpoint_every", "keep", "async_checkpoint", "fail_at_step", "fail_rank", "log_every", "straggler_every", "straggler_threshold",
     "profile_steps", "tensorboard", "progress", "max_steps", "nproc", "timeout", "device", "apply_changes",
     "pg_timeout", "pg_init_timeout", "evaluate", "init_from", "stop_check_every"})
 # Cannot change in the middle of a run, even with --apply-changes: the optimizer's state, the

@@ -51,7 +51,7 @@ PHASES = ("data", "forward", "backward", "comm", "optimizer")
 
 
 def _profiling() -> bool:
-    """Whether a torch.profiler is recording in this process (torch 2.15: a private query)."""
+    """Whether a torch.profiler is recording in this process (a private query; torch 2.14.1 has it)."""
     enabled = getattr(torch._C._autograd, "_profiler_enabled", None)
     return enabled() if enabled is not None else True
 
@@ -151,7 +151,8 @@ class StepTimer:
 # ------------------------------------------------------ throughput and MFU
 
 # FLOP of one training step (forward + backward) per 224x224 image, counted with
-# training_flops() (torch.utils.flop_counter.FlopCounterMode, torch 2.15, torchvision 0.29).
+# training_flops() (torch.utils.flop_counter.FlopCounterMode, torch 2.14.1, torchvision 0.29.1;
+# for ViT the attention as counted for the GPU kernels: guidelines 4.5, MFU).
 FLOPS_PER_SAMPLE = {
     "resnet50": 24.30e9,   # forward 8.18e9 (torchvision lists 4.09 "GFLOPS": multiply-adds)
     "vit_b_16": 105.87e9,  # forward 35.13e9, attention included; 6 * params * 197 tokens ~ 101e9 omits it

@@ -5,7 +5,7 @@
                                 --log-every steps, never a carriage return
       .step(...)                metrics.jsonl "train" records (+ TensorBoard train/...)
       .epoch(record)            "eval" records: top-1, top-5, loss
-      .checkpoint(...)          "checkpoint" records: seconds and bytes of a save
+      .checkpoint(...)          "checkpoint" records: the loop's wait, the write's seconds, bytes
       .say(line)                a line that does not break the bar
 
 Every record carries the attempt (TORCHELASTIC_RESTART_COUNT), so the records of a run
@@ -89,8 +89,11 @@ class RunReport:
         self.say(f"epoch {record['epoch']}: test accuracy {record['accuracy']:.2%}{top5}, "
                  f"test loss {record['test_loss']:.3f}")
 
-    def checkpoint(self, step: int, seconds: float, size: int) -> None:
-        self.write(step, event="checkpoint", seconds=seconds, bytes=size)
+    def checkpoint(self, step: int, seconds: float, size: int, write_seconds: float | None = None) -> None:
+        """seconds: what the training loop waited for the save; write_seconds: the write itself
+        (in a background thread with --async-checkpoint, the same as seconds without)."""
+        self.write(step, event="checkpoint", seconds=seconds, bytes=size,
+                   write_seconds=seconds if write_seconds is None else write_seconds)
 
     def close(self, step: int, summary: dict) -> None:
         if self.bar is not None:

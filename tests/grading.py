@@ -66,6 +66,7 @@ EXERCISES: dict[str, Exercise] = {
         Exercise("4.3", "Elastic training", "phase4_production", "elastic"),
         Exercise("4.4", "Gradient compression as DDP communication hooks", "phase4_production", "compression"),
         Exercise("4.5", "Monitoring and profiling", "phase4_production", "monitoring"),
+        Exercise("4.6", "Hung collectives: timeouts and a flight recorder", "phase4_production", "hangs"),
     ]
 }
 

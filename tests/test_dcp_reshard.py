@@ -1,4 +1,4 @@
-"""torch.distributed.checkpoint reshards on gloo/CPU (torch 2.15): a demo, not graded.
+"""torch.distributed.checkpoint reshards on gloo/CPU (torch 2.14, run on 2.14.1): a demo, not graded.
 
 Phase 4.3's guidelines (section "Resharding with torch.distributed.checkpoint") rely on it:
 a state sharded over 2 ranks is saved with dcp.save and loaded into 1, 3 and 4 ranks with
@@ -41,7 +41,7 @@ def _dcp_reshard(folder: str) -> dict:
 
 
 def test_dcp_reshards_a_state_saved_by_2_ranks_into_1_3_and_4(tmp_path):
-    """torch 2.15, gloo on CPU: dcp.save from 2 ranks, dcp.load into 1, 3 and 4 ranks."""
+    """torch 2.14 (run on 2.14.1), gloo on CPU: dcp.save from 2 ranks, dcp.load into 1, 3 and 4 ranks."""
     results = run_world(_dcp_reshard, 4, args=(str(tmp_path / "dcp"),))
     full = torch.arange(30, dtype=torch.float32).reshape(10, 3)
     problems = []

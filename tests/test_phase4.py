@@ -31,3 +31,4 @@ from phase4.test_4_2_recovery import *  # noqa: E402,F401,F403
 from phase4.test_4_3_elastic import *  # noqa: E402,F401,F403
 from phase4.test_4_4_compression import *  # noqa: E402,F401,F403
 from phase4.test_4_5_monitoring import *  # noqa: E402,F401,F403
+from phase4.test_4_6_hangs import *  # noqa: E402,F401,F403

@@ -216,6 +216,8 @@ BENCHMARK_SMOKE_COMMANDS = {
     "checkpoint_bench": ["benchmarks/checkpoint_bench.py", "--model", "tiny", "--rounds", "1"],
     "compression_bench": ["benchmarks/compression_bench.py", "--width", "64", "--steps", "1", "--rounds", "1",
                           "--ratios", "0.1", "--ranks", "1"],
+    "dgc_accuracy": ["benchmarks/dgc_accuracy.py", "--arms", "topk", "dgc+warmup", "--max-steps", "12", "--warmup",
+                     "2", "--", "--model", "cnn"],
     "trainer_overhead": ["benchmarks/trainer_overhead.py", "--cases", "digits", "--steps", "4", "--warmup", "2",
                          "--repeats", "1"],
 }

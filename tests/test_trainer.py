@@ -92,11 +92,12 @@ def reference(base: Path, faults: str = "") -> str:
 
 
 def test_trainer_killed_three_times_ends_with_the_same_weights(base):
-    """SIGKILL in a backward (attempt 0), in the middle of writing a checkpoint (attempt 1)
-    and in the all-reduce (attempt 2); torchrun restarts the group each time."""
+    """SIGKILL in a backward (attempt 0), in the middle of writing a checkpoint in the
+    background writer thread while the loop trains on (attempt 1), and in the all-reduce
+    (attempt 2); torchrun restarts the group each time."""
     faults = ";".join(["rank=1,step=4,phase=backward,attempt=0", "rank=0,step=8,phase=save,attempt=1",
                        "rank=1,step=13,phase=allreduce,attempt=2"])
-    output, code = torchrun(base / "killed", faults=faults, restarts=3)
+    output, code = torchrun(base / "killed", "--async-checkpoint", "on", faults=faults, restarts=3)
     assert code == 0, output[-4000:]
     # attempt 1 resumes from step 3; the save of step 9 was torn, so attempt 2 resumes from 6
     for attempt, step in ((1, 3), (2, 6), (3, 12)):
@@ -208,16 +209,25 @@ def test_the_stop_flag_checked_every_n_steps_stops_at_the_next_check(base, tmp_p
     assert fingerprint_of(again.stdout) == reference(base)
 
 
-def test_a_second_ctrl_c_stops_the_launcher_at_once(base, tmp_path):
+@pytest.mark.parametrize("writer", ["sync", "async"])
+def test_a_second_ctrl_c_stops_the_launcher_at_once(base, tmp_path, writer):
     """The first SIGINT asks for a save at the next boundary; a second one, during that save,
-    stops everything at once: exit 130, one line, no process left, the save never lands."""
+    stops everything at once: exit 130, one line, no process left. Written in the training
+    thread, the interrupted save never lands; written in the background, it may have landed
+    before the kill: either way every checkpoint on disk is complete, and the rerun ends on
+    the uninterrupted run's weights."""
     faults = "rank=0,step=4,phase=forward,action=int;rank=0,step=4,phase=save,action=int"
-    first = launch(tmp_path, faults=faults)
+    first = launch(tmp_path, "--async-checkpoint", "on" if writer == "async" else "off", faults=faults)
     assert first.returncode == 130, f"exit code {first.returncode}:\n{first.stdout}\n{first.stderr[-3000:]}"
     assert "interrupted twice" in first.stderr and "Traceback" not in first.stderr, first.stderr[-3000:]
-    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*.pt")) == ["step_000000003.pt"]
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*.pt"))
+    landed = ["step_000000003.pt"] if writer == "sync" else ["step_000000003.pt", "step_000000005.pt"]
+    assert saved in (["step_000000003.pt"], landed), saved
+    for path in (tmp_path / "checkpoints").glob("step_*.pt"):
+        load_verified(path)  # complete: a CorruptCheckpoint would fail the test
     again = launch(tmp_path)
-    assert "resuming at step 3 of 22" in again.stdout, again.stdout + again.stderr[-3000:]
+    resumed = int(saved[-1][5:14])
+    assert f"resuming at step {resumed} of 22" in again.stdout, again.stdout + again.stderr[-3000:]
     assert fingerprint_of(again.stdout) == reference(base)
 
 
@@ -475,6 +485,35 @@ def test_an_fp16_step_the_scaler_skips_does_not_poison_compression():
         f"weights updated per step: {moved} (step 3 overflows and must be skipped; the steps after it must train)"
 
 
+def test_dgc_before_compression_starts_trains_bit_for_bit_like_momentum_sgd(base, tmp_path):
+    """--compression dgc moves SGD's nesterov momentum and weight decay from the optimizer into
+    the comm hook (4.4, DGC's momentum correction); before --compression-start the hook
+    all-reduces and applies them per parameter, so the run is the plain run, bit for bit.
+    Momentum left on in the optimizer too (applied twice), or the decay in both, changes
+    every step."""
+    proc = launch(tmp_path, "--compression", "dgc", "--compression-start", "1000")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert fingerprint_of(proc.stdout) == reference(base), \
+        "--compression dgc without a compressed step trained other weights than plain DDP + SGD(nesterov)"
+
+
+def test_topk_warmup_lowers_the_fraction_sent_exponentially_from_the_compression_start():
+    """DGC's sparsity warm-up as the trainer sets it: a function of the run's step (so a
+    resumed run continues it), 0.25 at --compression-start, --topk-ratio after --topk-warmup steps."""
+    from solutions.phase4_production.compression import TopKState
+    from solutions.phase4_production.train_comm import set_sparsity
+
+    cfg = parse_config(["--compression", "dgc", "--topk-ratio", "0.01", "--topk-warmup", "10",
+                        "--compression-start", "10"], check_paths=False)
+    state = TopKState(ratio=0.01)
+    seen = []
+    for step in (10, 15, 19, 20, 40):
+        set_sparsity(state, cfg, step)
+        seen.append(state.ratio)
+    expected = [0.25, 0.05, 0.25 * (0.01 / 0.25) ** 0.9, 0.01, 0.01]
+    assert seen == pytest.approx(expected), f"fraction sent at steps 10, 15, 19, 20, 40: {seen}, expected {expected}"
+
+
 def test_a_slow_rank_in_a_ddp_run_is_named_with_the_phase_it_lost_time_in(tmp_path):
     """DDP all-reduces inside backward: the fast ranks wait there for the slow one, so every
     rank's step takes as long. Only the time before a rank's last gradient is ready tells
@@ -510,7 +549,7 @@ def test_trainer_writes_metrics_traces_and_plain_progress_lines_to_a_log_file(tm
     assert all(r.get("attempt") == 0 for r in records), "a record without its attempt"
     saves = by_event.get("checkpoint", [])
     assert [r["step"] for r in saves] == [3, 6, 9, 12, 15, 18, 21, 22], saves
-    assert all(r["seconds"] > 0 and r["bytes"] > 1000 for r in saves), saves
+    assert all(r["seconds"] > 0 and r["write_seconds"] > 0 and r["bytes"] > 1000 for r in saves), saves
     assert len(by_event.get("summary", [])) == 1 and by_event["summary"][0]["images_per_s"] > 0
     traces = sorted(p.name for p in (tmp_path / "traces").iterdir())
     assert [name.split(".")[0] for name in traces] == ["rank0", "rank1"] and all(n.endswith(".json") for n in traces), \
@@ -534,6 +573,8 @@ def _one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
     (["--seed", "-1"], ["--seed must be in [0, 2**32)"]),
     (["--config", "no_such_recipe.toml"], ["no_such_recipe.toml", "digits_cpu.toml"]),
     (["--fail-at-step", "3"], ["torchrun", "--max-restarts"]),
+    (["--compression", "dgc", "--optimizer", "adamw"], ["--compression dgc", "--optimizer adamw"]),
+    (["--compression", "dgc", "--grad-clip", "1"], ["--grad-clip", "--compression dgc"]),
 ])
 def test_trainer_rejects_bad_flags_in_one_line(capsys, monkeypatch, flags, needles):
     from solutions.phase4_production.train import main
@@ -553,9 +594,9 @@ BAD_VALUES = {
     "micro_batch": ["0"], "optimizer": ["adam"], "lr": ["inf", "nan", "0", "-0.1"], "reference_batch": ["0"],
     "momentum": ["1.0", "nan"], "weight_decay": ["-0.1", "inf"], "warmup_epochs": ["nan", "-1"],
     "label_smoothing": ["1.5", "-0.1"], "grad_clip": ["-1", "inf"], "amp": ["fp8"], "compression": ["zip"],
-    "compression_rank": ["0"], "topk_ratio": ["0", "1.5"], "compression_start": ["-1"],
+    "compression_rank": ["0"], "topk_ratio": ["0", "1.5"], "compression_start": ["-1"], "topk_warmup": ["-1"],
     "seed": ["-1", "4294967296"], "deterministic": ["maybe"], "output_dir": ["FILE", "FILE/below"],
-    "checkpoint_every": ["0"], "keep": ["0"], "fail_at_step": ["-1"], "fail_rank": ["-1"], "log_every": ["0"],
+    "checkpoint_every": ["0"], "keep": ["0"], "async_checkpoint": ["maybe"], "fail_at_step": ["-1"], "fail_rank": ["-1"], "log_every": ["0"],
     "straggler_every": ["0"], "straggler_threshold": ["0", "nan"], "profile_steps": ["-1"],
     "tensorboard": ["maybe"], "progress": ["maybe"], "max_steps": ["0"], "device": ["tpu"], "nproc": ["0"],
     "timeout": ["0", "nan", "inf"], "apply_changes": ["maybe"], "pg_timeout": ["0", "nan"],

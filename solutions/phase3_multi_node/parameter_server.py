@@ -27,7 +27,7 @@ Messages, all point-to-point on a gloo group (torch.distributed, no RPC):
   server -> worker   int64 [version] (HEADER_TAG), then the flat shard (DATA_TAG)
 A server serves workers in arrival order: it receives the next header from ANY source
 (`dist.recv(header, src=None)`, which gloo supports and NCCL does not), then the rest
-from that worker. Every reply is an isend: on gloo (torch 2.15) a blocking `dist.send`
+from that worker. Every reply is an isend: on gloo (torch 2.14.1) a blocking `dist.send`
 returns only once the peer has posted its receive, and a server blocked on one worker
 while that worker pushes to another server can close a cycle (phase3 guidelines, 3.4).
 """

@@ -13,9 +13,17 @@ On disk a checkpoint is ONE file, `<folder>/step_<step:09d>.pt`: torch.save's by
 followed by a footer (MAGIC + sha256 of those bytes), so a truncated file or a flipped
 byte is detected before torch.load sees it. It is written to a temporary file in the
 same folder, flushed and fsynced, renamed over its final name (atomic on POSIX), and
-the folder is fsynced so the rename itself survives a power cut. A file with the final
+the folder is fsynced so the rename itself survives a power cut; a checkpoint folder
+that save() creates has its own entry fsynced in its parent. A file with the final
 name is therefore always complete; newest-valid discovery (no `latest` pointer to get
 out of step) finds it.
+
+Platforms (guidelines 4.1, "Storage that is not a local POSIX disk"): on macOS fsync
+leaves the data in the drive's cache, so `_fsync` asks for F_FULLFSYNC; on Windows a
+folder cannot be opened for fsync, so `_fsync_folder` does nothing there (NTFS journals
+the rename, but a power cut just after it may undo it). Object stores' FUSE mounts have
+no atomic rename (Mountpoint refuses it, so save() raises there) and NFS caches folder
+listings on other nodes: read that section before pointing a checkpoint folder at one.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import hashlib
 import os
 import random
 import re
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -31,6 +40,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 MAGIC = b"COURSECKPT1"  # footer: MAGIC + 32-byte sha256 digest of everything before it
 _FOOTER = len(MAGIC) + 32
@@ -169,19 +183,58 @@ class _HashingWriter:
         self.f.flush()
 
 
+def _fsync(fd: int) -> None:
+    """Make what the open file `fd` holds durable. os.fsync, except on macOS: there fsync
+    only hands the data to the drive, whose volatile cache can still lose it in a power
+    cut, and fcntl's F_FULLFSYNC asks the drive to write its cache out too (fsync(2) and
+    fcntl(2) of macOS). A file system that refuses F_FULLFSYNC (some network and FUSE
+    mounts) gets the plain fsync."""
+    full = getattr(fcntl, "F_FULLFSYNC", None)
+    if full is not None:
+        try:
+            fcntl.fcntl(fd, full)
+            return
+        except OSError:
+            pass
+    os.fsync(fd)
+
+
 def _fsync_folder(folder: Path) -> None:
+    """fsync a folder, so that the entries just added, renamed or removed in it survive a
+    power cut. Nothing on Windows: os.open of a folder fails there (PermissionError;
+    Python has no way to open a directory handle for FlushFileBuffers), and NTFS journals
+    the change of a directory itself, so a rename is never half done, but a power cut just
+    after it may bring back the old entry."""
+    if sys.platform == "win32":
+        return
     fd = os.open(folder, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        _fsync(fd)
     finally:
         os.close(fd)
+
+
+def _make_folder(folder: Path) -> None:
+    """mkdir -p `folder`, durably: the entry of each folder it creates is fsynced in its
+    parent, or a power cut can lose a new folder (and the checkpoints renamed into it)
+    although every file in it was fsynced."""
+    folder = Path(folder)
+    if folder.is_dir():
+        return
+    _make_folder(folder.parent)
+    try:
+        folder.mkdir()
+    except FileExistsError:  # made meanwhile by another process
+        if not folder.is_dir():
+            raise
+    _fsync_folder(folder.parent)
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:
     """Write obj (torch.save) + footer to `path` so that `path` is never half-written: a
     temporary file in the same folder, flushed and fsynced, renamed, the folder fsynced.
     On any error the temporary file is removed and an existing `path` is untouched."""
-    # EXERCISE 4.1: `path` only ever names a complete file: temp in the same folder, body + footer, fsync, os.replace, fsync the folder (_HashingWriter, _fsync_folder)
+    # EXERCISE 4.1: `path` only ever names a complete file: temp in the same folder, body + footer, fsync, os.replace, fsync the folder (_HashingWriter, _fsync, _fsync_folder)
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
@@ -190,7 +243,7 @@ def atomic_save(obj: Any, path: str | Path) -> None:
             torch.save(obj, writer)
             f.write(MAGIC + writer.sha.digest())
             f.flush()
-            os.fsync(f.fileno())
+            _fsync(f.fileno())  # os.fsync, or F_FULLFSYNC on macOS
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -277,12 +330,13 @@ class CheckpointManager:
         Returns the file's path on the writer, None on the other ranks. Not collective: the
         other ranks return at once, so a reader on another rank must wait for the writer
         (a barrier) before load_latest. A save that fails raises, and leaves every existing
-        checkpoint (one of the same step included) as it was."""
-        # EXERCISE 4.1: rank 0 alone writes (atomic_save) and then removes all but the newest `keep`
+        checkpoint (one of the same step included) as it was. The folder (and any missing
+        parent) is created when needed, each new folder's entry fsynced in its parent."""
+        # EXERCISE 4.1: rank 0 alone writes (atomic_save) into its folder, made durably when new (_make_folder), and then removes all but the newest `keep`
         rank, _ = _rank_and_world()
         if rank != 0:
             return None
-        self.folder.mkdir(parents=True, exist_ok=True)
+        _make_folder(self.folder)
         path = self.path_for(step)
         atomic_save(state, path)
         for old in self.steps()[:-self.keep]:

@@ -1,4 +1,5 @@
-"""4.4 Gradient compression as DDP communication hooks: top-k with error feedback, and PowerSGD.
+"""4.4 Gradient compression as DDP communication hooks: top-k with error feedback (and DGC's
+momentum correction), and PowerSGD.
 
 Both plug into DDP the way torch's built-in hooks do:
 
@@ -23,10 +24,19 @@ Error feedback: the part of its gradient a rank could not send (its residual e) 
 its next gradient, so compression delays mass instead of losing it. With s_t what rank r
 sent at step t and e_t = (g_t + e_{t-1}) - s_t, the sum telescopes:
     sum_t mean_r s_t  +  mean_r e_T  =  sum_t mean_r g_t       (exactly, up to float rounding)
+
+Under momentum (Deep Gradient Compression, Lin et al. 2018), what is delayed must be the
+velocity, not the gradient: TopKState(momentum=0.9) keeps u <- m u + g and v <- v + u per
+rank, sends top-k of v, and zeroes v and u where it sent (factor masking); the optimizer
+then runs without momentum:
+
+    ddp_model.register_comm_hook(TopKState(ratio=0.01, momentum=0.9, nesterov=True), topk_hook)
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.1)     # momentum=0: it is in the hook
 """
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -83,24 +93,76 @@ class TopKState(CompressionState):
     shape) and add it to the next gradient; False shows what is lost without it.
     start_iter: plain all-reduce before this iteration (DDP rebuilds its buckets after
     iteration 0, so a residual kept from then would not fit); >= 2 with error feedback.
-    The fields may be changed between steps (e.g. ratio = 1.0 sends everything).
+    The fields may be changed between steps (e.g. ratio = 1.0 sends everything; the
+    trainer's sparsity warm-up sets ratio every step from `sparsity_warmup`).
+
+    Momentum correction (DGC, Lin et al. 2018): with momentum > 0 the hook carries SGD's
+    momentum, and the optimizer must run WITHOUT momentum and weight decay
+    (torch.optim.SGD(params, lr)): .grad receives the update direction itself.
+    momentum, nesterov: torch.optim.SGD's meanings (dampening 0).
+    momentum_masking: zero the momentum at the entries sent, as the residual is zeroed
+    there (DGC's momentum factor masking).
+    weight_decay: a number, or a function parameter -> number (e.g. 0 for biases); added to
+    each parameter's gradient before momentum, where torch.optim.SGD adds it.
+
+    Memory, per bucket index from start_iter on (each the bucket's shape):
+        residuals[i]  v, this rank's accumulated update not sent yet:  v <- v + u
+                      (v <- v + g + m u with nesterov; v <- v + g without momentum: plain
+                      error feedback, v the residual)
+        momenta[i]    u, this rank's momentum:  u <- m u + g   (only with momentum)
+    Before start_iter, with momentum: param_momenta[p], per parameter, the momentum of the
+    averaged gradient (DDP's buckets change after iteration 0, its parameters do not);
+    `memory` moves it into momenta[i] when the bucket starts compressing.
     """
 
-    def __init__(self, process_group=None, ratio: float = 0.01, use_error_feedback: bool = True, start_iter: int = 2):
+    def __init__(self, process_group=None, ratio: float = 0.01, use_error_feedback: bool = True, start_iter: int = 2,
+                 momentum: float = 0.0, nesterov: bool = False, momentum_masking: bool = True,
+                 weight_decay: float | Callable[[torch.Tensor], float] = 0.0):
         super().__init__(process_group)
         if not 0.0 < ratio <= 1.0:
             raise ValueError(f"ratio must be in (0, 1], got {ratio}")
         if use_error_feedback and start_iter < 2:
             raise ValueError("start_iter must be >= 2 with error feedback: DDP rebuilds its buckets after iteration 0")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        if momentum and not use_error_feedback:
+            raise ValueError("momentum correction accumulates in the error-feedback memory: use_error_feedback=True")
+        if nesterov and not momentum:
+            raise ValueError("nesterov needs a momentum > 0 (as torch.optim.SGD)")
         self.ratio = ratio
         self.use_error_feedback = use_error_feedback
         self.start_iter = start_iter
+        self.momentum = momentum
+        self.nesterov = nesterov
+        self.momentum_masking = momentum_masking
+        self.weight_decay = weight_decay
         self.residuals: dict[int, torch.Tensor] = {}
+        self.momenta: dict[int, torch.Tensor] = {}
+        self.param_momenta: dict[torch.Tensor, torch.Tensor] = {}
+
+    def decay_of(self, param: torch.Tensor) -> float:
+        """The weight decay of `param` (a parameter of the model)."""
+        return float(self.weight_decay(param)) if callable(self.weight_decay) else float(self.weight_decay)
+
+    def memory(self, bucket: dist.GradBucket) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(momenta[i] or None without momentum, residuals[i]) of the bucket, i = bucket.index(),
+        made on the bucket's first compressed step: the residual zeros, the momentum the
+        bucket's parameters' param_momenta (the same on every rank; zeros where none)."""
+        index = bucket.index()
+        if index not in self.residuals:
+            self.residuals[index] = torch.zeros_like(bucket.buffer())
+            if self.momentum:
+                pieces = [self.param_momenta.pop(p, None) for p in bucket.parameters()]
+                self.momenta[index] = torch.cat([torch.zeros_like(g).reshape(-1) if u is None else u.reshape(-1)
+                                                 for u, g in zip(pieces, bucket.gradients())])
+        return self.momenta.get(index), self.residuals[index]
 
     def reset_memory(self) -> None:
-        """Forget every residual: call it after a step whose gradients were not finite (a step
-        GradScaler skips), or the inf/NaN kept in the residual poisons every later step."""
+        """Forget every residual and momentum: call it after a step whose gradients were not
+        finite (a step GradScaler skips), or the inf/NaN kept in them poisons every later step."""
         self.residuals.clear()
+        self.momenta.clear()
+        self.param_momenta.clear()
 
 
 def topk_count(numel: int, ratio: float) -> int:
@@ -108,30 +170,89 @@ def topk_count(numel: int, ratio: float) -> int:
     return max(1, min(numel, math.ceil(ratio * numel)))
 
 
+def sparsity_warmup(step: int, warmup_steps: int, ratio: float, first: float = 0.25) -> float:
+    """DGC's sparsity warm-up: the fraction to send at compressed step `step` (0: the first),
+    falling exponentially from `first` to `ratio` over `warmup_steps` steps, then `ratio`.
+    (DGC on ImageNet: 25 %, 6.25 %, 1.56 %, 0.4 %, 0.1 % in the first epochs, a quarter each.)"""
+    if step >= warmup_steps or first <= ratio:
+        return ratio
+    return first * (ratio / first) ** (max(step, 0) / warmup_steps)
+
+
+def allreduce_with_momentum(state: TopKState, bucket: dist.GradBucket) -> Future:
+    """topk_hook before start_iter when it carries momentum or weight decay: the plain average
+    (allreduce_mean), then, per parameter p of the bucket, the direction torch.optim.SGD
+    (momentum, nesterov, weight_decay) would step along: d = average + decay_of(p) p;
+    u = m u + d (u = d the first time), kept in state.param_momenta[p]; the buffer gets
+    d + m u with nesterov, u without (d when momentum is 0). Returns a Future of the buffer."""
+    # EXERCISE 4.4: momentum SGD's step direction on the averaged gradient, per parameter (the docstring); state.param_momenta keeps u
+    params, gradients, momentum = bucket.parameters(), bucket.gradients(), state.momentum
+
+    def step(fut) -> torch.Tensor:
+        for p, d in zip(params, gradients):  # views of the buffer, which now holds the average
+            decay = state.decay_of(p)
+            if decay:
+                d.add_(p.detach(), alpha=decay)
+            if not momentum:
+                continue
+            u = state.param_momenta.get(p)
+            if u is None:
+                u = state.param_momenta[p] = d.clone()
+            else:
+                u.mul_(momentum).add_(d)
+            if state.nesterov:
+                d.add_(u, alpha=momentum)
+            else:
+                d.copy_(u)
+        return fut.value()
+
+    return allreduce_mean(bucket.buffer(), state.group()).then(step)
+    # END EXERCISE
+
+
 def topk_hook(state: TopKState, bucket: dist.GradBucket) -> Future:
-    """DDP comm hook: each rank sends the k largest-magnitude entries of (its gradient + its
-    residual), values and int64 indices, to every rank (all_gather: indices differ between
+    """DDP comm hook: each rank sends the k largest-magnitude entries of its accumulated
+    gradient a, values and int64 indices, to every rank (all_gather: indices differ between
     ranks); every rank sums the p sparse vectors into a dense one, in rank order, and divides
-    by p. Returns a Future of the bucket's buffer holding that average."""
+    by p. Returns a Future of the bucket's buffer holding that average.
+
+    a: first g = this rank's gradient + decay_of(p) p per parameter p. Without error
+    feedback a = g, nothing kept. With it (state.memory: u, v), a = v after
+        u <- m u + g;  v <- v + u   (nesterov: v <- v + g + m u; no momentum: v <- v + g)
+    and then v <- 0 at the entries sent, and u <- 0 there too with momentum_masking.
+    Before start_iter: a plain all-reduce (allreduce_with_momentum with momentum or weight decay)."""
     group = state.group()
     buffer = bucket.buffer()
     if state.iter < state.start_iter:
         state.record(bucket, buffer.numel() * buffer.element_size())
+        if state.momentum or state.weight_decay:
+            return allreduce_with_momentum(state, bucket)
         return allreduce_mean(buffer, group)
-    # EXERCISE 4.4: the docstring's average of every rank's top-k of (its OWN gradient + residual); the residual keeps what was not sent; state.record your bytes; see dist.all_gather_into_tensor
+    # EXERCISE 4.4: the docstring's average of every rank's top-k of its OWN accumulated gradient; v (and u) keep what was not sent; state.record your bytes; see dist.all_gather_single
     world = group.size()
-    index = bucket.index()
-    accumulated = buffer + state.residuals[index] if state.use_error_feedback and index in state.residuals else buffer.clone()
+    for p, g in zip(bucket.parameters(), bucket.gradients()):
+        decay = state.decay_of(p)
+        if decay:
+            g.add_(p.detach(), alpha=decay)
+    accumulated, momentum = buffer, None
+    if state.use_error_feedback:
+        momentum, accumulated = state.memory(bucket)
+        if momentum is None:
+            accumulated.add_(buffer)
+        else:  # momentum correction: accumulate the velocity, not the gradient
+            momentum.mul_(state.momentum).add_(buffer)
+            accumulated.add_(buffer.add(momentum, alpha=state.momentum) if state.nesterov else momentum)
     k = topk_count(accumulated.numel(), state.ratio)
     indices = accumulated.abs().topk(k, sorted=False).indices
     values = accumulated[indices]
     if state.use_error_feedback:
-        accumulated[indices] = 0.0  # what stays behind: accumulated - sent
-        state.residuals[index] = accumulated
+        accumulated.index_fill_(0, indices, 0.0)  # what stays behind: accumulated - sent
+        if momentum is not None and state.momentum_masking:
+            momentum.index_fill_(0, indices, 0.0)  # factor masking: no stale momentum for what was sent
     all_values, all_indices = values.new_empty(world * k), indices.new_empty(world * k)
     state.record(bucket, values.numel() * values.element_size() + indices.numel() * indices.element_size())
-    works = [dist.all_gather_into_tensor(all_values, values, group=group, async_op=True),
-             dist.all_gather_into_tensor(all_indices, indices, group=group, async_op=True)]
+    works = [dist.all_gather_single(all_values, values, group=group, async_op=True),  # torch 2.14 deprecates
+             dist.all_gather_single(all_indices, indices, group=group, async_op=True)]  # all_gather_into_tensor
 
     def densify(_) -> torch.Tensor:
         buffer.zero_()
@@ -148,7 +269,7 @@ def topk_hook(state: TopKState, bucket: dist.GradBucket) -> Future:
 
 class PowerSGDState(CompressionState):
     """Settings and memory of `powersgd_hook`: the constructor of torch's PowerSGDState
-    (torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook, torch 2.15), same meanings.
+    (torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook, torch 2.14), same meanings.
 
     matrix_approximation_rank  r: each compressed gradient matrix M (n x m) is sent as
                                P (n x r) and Q (m x r), r = min(n, m, this)
@@ -263,7 +384,7 @@ def split_bucket(gradients: list[torch.Tensor], state: PowerSGDState) -> BucketS
 def orthogonalize_(matrices: torch.Tensor, epsilon: float = 0.0) -> None:
     """Make the r columns of each matrix of the batch orthonormal, in place.
 
-    matrices: (b, n, r) with r <= n. As torch 2.15 does it, bit for bit: Gram-Schmidt (column
+    matrices: (b, n, r) with r <= n. As torch 2.14 does it, bit for bit: Gram-Schmidt (column
     i divided by its norm + epsilon, then removed from the columns after it) when r <= 2 or
     in half precision, else torch.linalg.qr's Q written into `matrices`.
     """
@@ -283,7 +404,7 @@ def orthogonalize_(matrices: torch.Tensor, epsilon: float = 0.0) -> None:
 
 
 def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> Future:
-    """DDP comm hook: PowerSGD (Vogels et al. 2019), bitwise what torch 2.15's powerSGD_hook
+    """DDP comm hook: PowerSGD (Vogels et al. 2019), bitwise what torch 2.14's powerSGD_hook
     computes with the same settings. Per compressed matrix M (n x m, this rank's gradient plus
     its error): P = M Q; all-reduce P; orthogonalise P; Q = M^T P; all-reduce Q; Q /= p;
     M <- P Q^T. Uncompressed tensors: one all-reduce of their concatenation, / p.
@@ -297,7 +418,7 @@ def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> Future:
     if state.iter < state.start_powerSGD_iter:
         state.record(bucket, buffer.numel() * buffer.element_size())
         return allreduce_mean(buffer, group)
-    # EXERCISE 4.4: bitwise what torch 2.15's powerSGD_hook returns (error feedback, warm start, its order of operations); split_bucket and BucketSplit.low_rank_views do the bookkeeping; guidelines 4.4 'Stuck?' lists the order
+    # EXERCISE 4.4: bitwise what torch 2.14's powerSGD_hook returns (error feedback, warm start, its order of operations); split_bucket and BucketSplit.low_rank_views do the bookkeeping; guidelines 4.4 'Stuck?' lists the order
     world = group.size()
     index = bucket.index()
     epsilon = state.orthogonalization_epsilon

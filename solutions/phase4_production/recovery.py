@@ -34,6 +34,7 @@ import io
 import os
 import signal
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -45,8 +46,8 @@ import torch.distributed as dist
 
 from common.distributed import current_device
 from common.launch import pid_alive
-from solutions.phase4_production.checkpoint import (CheckpointManager, load_verified, restore_training_state,
-                                                    training_state, unwrap)
+from solutions.phase4_production.checkpoint import (CheckpointManager, restore_training_state, training_state,
+                                                    unwrap)
 
 FAULTS_ENV = "COURSE_FAULTS"
 PHASES = ("data", "forward", "backward", "allreduce", "save")
@@ -94,7 +95,8 @@ def resume(checkpoints: CheckpointManager, model, optimizer, scheduler=None, sca
     this rank's RNG; return its progress dict (progress["step"] = steps done), or None when
     there is none (a fresh start: nothing is changed). Collective under a process group:
     every rank loads the SAME step, the one rank 0 found (a shared file system may show
-    the ranks different folder listings). map_location defaults to the model's device."""
+    the ranks different folder listings); rank 0's check of the file stands for all, so
+    the others may load it without hashing it again. map_location defaults to the model's device."""
     # EXERCISE 4.2: rank 0 finds the newest valid step (CheckpointManager.load_latest), every rank loads that same step; see dist.broadcast_object_list
     attempt = current_attempt()
     location = map_location if map_location is not None else _device_of(model)
@@ -102,8 +104,8 @@ def resume(checkpoints: CheckpointManager, model, optimizer, scheduler=None, sca
     if attempt.world_size > 1:
         choice = [found[0] if found is not None else None]
         dist.broadcast_object_list(choice, src=0)
-        if attempt.rank != 0 and choice[0] is not None:
-            found = choice[0], load_verified(checkpoints.path_for(choice[0]), location)
+        if attempt.rank != 0 and choice[0] is not None:  # rank 0 verified this very file: no second hash
+            found = choice[0], torch.load(checkpoints.path_for(choice[0]), map_location=location, weights_only=True)
     if found is None:
         return None
     return restore_training_state(found[1], model, optimizer, scheduler, scaler)
@@ -291,16 +293,29 @@ class FaultInjector:
         return allreduce_hook(process_group, bucket)
 
     @contextmanager
-    def saving(self) -> Iterator[None]:
+    def saving(self, step: int | None = None) -> Iterator[None]:
         """Around a checkpoint save: a "save" fault due now makes torch.save write half of
-        the bytes to its file, flush them, and the process die (before any rename)."""
-        due = self._due("save")
+        the bytes to its file, flush them, and the process die (before any rename). `step`:
+        the step whose checkpoint is written (default: the current one), for a writer thread
+        that runs while the loop has moved on. torch.save is patched for the whole process
+        while the block runs, as a background writer's save runs in another thread.
+
+        A signal action ("term", "int") in a writer thread, which cannot take the forwarded
+        signal itself, asks the launcher to send it and lets the save go on, complete: the
+        signal reaches the training thread while the save is in flight."""
+        due = self._due("save", step)
         if not due:
             yield
             return
         real_save = torch.save
 
         def torn_save(obj, f, *args, **kwargs):
+            fault = due[0]
+            if fault.action in ("term", "int") and threading.current_thread() is not threading.main_thread():
+                print(f"\n[fault injector] {fault.action} at {fault} (pid {os.getpid()}, checkpoint writer thread)",
+                      file=sys.stderr, flush=True)
+                os.kill(_launcher_pid(fault.action), signal.SIGTERM if fault.action == "term" else signal.SIGINT)
+                return real_save(obj, f, *args, **kwargs)
             buffer = io.BytesIO()
             real_save(obj, buffer, *args, **kwargs)
             half = buffer.getvalue()[: buffer.getbuffer().nbytes // 2]
@@ -318,13 +333,14 @@ class FaultInjector:
         finally:
             torch.save = real_save
 
-    def _due(self, phase: str) -> list[Fault]:
-        if not self.faults or self.step is None:
+    def _due(self, phase: str, step: int | None = None) -> list[Fault]:
+        step = self.step if step is None else step
+        if not self.faults or step is None:
             return []
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         return [f for f in self.faults if (f.rank, f.phase, f.attempt) == (rank, phase, attempt)
-                and f.step in (self.step, EVERY_STEP)]
+                and f.step in (step, EVERY_STEP)]
 
     def _fire(self, fault: Fault) -> None:
         if fault.action == "slow":  # every step, silently

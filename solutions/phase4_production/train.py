@@ -20,7 +20,7 @@ What makes a resumed run bit-identical to one never stopped (CPU, same world siz
 checkpoint holds model, optimizer, LR schedule, loss scaler, data position and every
 rank's RNG; the data order depends on (seed, epoch) only; each sample's augmentation on
 (seed, epoch, index) only (train_data.SeededSamples). With --compression a run resumes
-correctly but not bit-identically (see _register_comm_hook).
+correctly but not bit-identically (see train_comm.register_comm_hook).
 """
 
 from __future__ import annotations
@@ -49,8 +49,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from common.distributed import current_device
 from common.models import build_model
 from solutions.phase4_production.checkpoint import CheckpointManager, training_state, unwrap
-from solutions.phase4_production.compression import (CompressionState, PowerSGDState, TopKState, powersgd_hook,
-                                                     topk_hook)
+from solutions.phase4_production.checkpoint_writer import BackgroundWriter, SaveResult
 from solutions.phase4_production.config import ConfigError, TrainConfig, parse_config
 from solutions.phase4_production.elastic import ElasticSampler, plan_batches
 from solutions.phase4_production.lifecycle import (die_with_parent, fatal_reported, orphaned, report_fatal,
@@ -60,6 +59,7 @@ from solutions.phase4_production.monitoring import (MetricsWriter, StepTimer, St
                                                     training_profiler)
 from solutions.phase4_production.recovery import Fault, FaultInjector, PreemptionHandler, current_attempt
 from solutions.phase4_production.run_folder import claim_output_dir, why_unwritable
+from solutions.phase4_production.train_comm import register_comm_hook, set_sparsity
 from solutions.phase4_production.train_data import RankBatches, build_datasets, eval_loader, train_loader
 from solutions.phase4_production.train_report import RunReport
 from solutions.phase4_production.train_resume import identity, load_weights, resume_run
@@ -187,8 +187,9 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
         optimizer, lr_schedule(sampler.steps_per_epoch, cfg.epochs, cfg.warmup_epochs))
     dtype = autocast_dtype(cfg.amp, device)
     if dtype == torch.float16 and device.type == "cpu" and rank == 0:
-        print("warning: --amp fp16 on CPU runs torch's slow fp16 kernels (ResNet-18 about 90x slower than float32, "
-              "measured with torch 2.15); use --amp bf16 on CPU, fp16 is for GPUs without bf16", file=sys.stderr, flush=True)
+        print("warning: --amp fp16 on CPU runs torch's slow fp16 kernels (a ResNet-18 step about 60x slower than "
+              "float32, measured with torch 2.14.1); use --amp bf16 on CPU, fp16 is for GPUs without bf16",
+              file=sys.stderr, flush=True)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     faults = FaultInjector.from_env()
@@ -205,7 +206,7 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
         return {"evaluated": True, "step": step, "total_steps": total_steps, "world_size": world,
                 "accuracy": accuracy, "top5": top5, "test_loss": test_loss, "fingerprint": fingerprint(ddp),
                 "source": f"{checkpoints.path_for(step)}" if progress else cfg.init_from or "the initial weights"}
-    compression = _register_comm_hook(ddp, cfg, faults, step)
+    compression = register_comm_hook(ddp, cfg, faults, step)
     net = torch.compile(ddp) if cfg.compile else ddp
     if progress:
         sampler.load_state_dict(progress["data"])
@@ -243,6 +244,26 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
         if cfg.profile_steps else contextlib.nullcontext()
     samples_trained, train_seconds, preempted = 0, 0.0, False
 
+    def saved(result: SaveResult) -> None:  # what checkpointing costs: compare with step_s x --checkpoint-every
+        if result.path is not None:
+            show.checkpoint(result.step, result.stall_s, result.path.stat().st_size, result.write_s)
+
+    background = cfg.async_checkpoint == "on" or (cfg.async_checkpoint == "auto" and device.type == "cuda")
+    writer = BackgroundWriter(checkpoints, faults, asynchronous=background, on_done=saved)
+
+    @contextlib.contextmanager
+    def one_line_write_errors() -> Iterator[None]:
+        try:
+            yield
+        except (OSError, RuntimeError) as exc:
+            why = why_unwritable(checkpoints.folder, exc) if rank == 0 else None
+            if why is None:
+                raise
+            failed = writer.failed_step if writer.failed_step is not None else step
+            raise OutputNotWritable(f"cannot write the checkpoint of step {failed} in {checkpoints.folder}: {why}; "
+                                    "free space or use another --output-dir (the newest complete checkpoint is "
+                                    "kept)") from None
+
     def save() -> None:
         if not all(torch.isfinite(p).all() for p in ddp.parameters()):  # the same on every rank (DDP)
             raise NonFiniteLoss(f"the weights became NaN or infinite at step {step} (another rank's loss did); "
@@ -253,18 +274,8 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
         state = training_state(ddp, optimizer, scheduler, scaler,
                                {"step": step, "data": sampler.state_dict(), "history": history,
                                 "identity": identity(cfg), "config": dataclasses.asdict(cfg)})
-        try:
-            with faults.saving():
-                path = checkpoints.save(step, state)
-        except (OSError, RuntimeError) as exc:
-            why = why_unwritable(checkpoints.folder, exc) if rank == 0 else None
-            if why is None:
-                raise
-            raise OutputNotWritable(f"cannot write the checkpoint of step {step} in {checkpoints.folder}: {why}; "
-                                    "free space or use another --output-dir (the newest complete checkpoint is "
-                                    "kept)") from None
-        if path is not None:  # what checkpointing costs: compare with step_s x --checkpoint-every
-            show.checkpoint(step, time.perf_counter() - began, path.stat().st_size)
+        with one_line_write_errors():
+            writer.submit(step, state, began)
 
     def evaluate_epoch() -> None:  # the plain module: DDP's forward would broadcast buffers, per batch
         accuracy, test_loss, top5 = evaluate(model, tests, device, dtype)
@@ -276,7 +287,7 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
         evaluate_epoch()  # a preemption at the epoch's end skipped it
 
     place = {"step": step, "first": step, "what": "the first step"}  # where a collective may time out
-    with profiler as prof, _named_timeouts(cfg, place):
+    with profiler as prof, _named_timeouts(cfg, place), writer:
         while step < end:
             batches = iter(loader)
             while step < end:
@@ -288,6 +299,7 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
                 if batch is None:
                     break
                 place.update(step=step, what="DDP's gradient all-reduce (in backward)")
+                set_sparsity(compression, cfg, step)
                 loss = train_step(parts, batch, timer, faults)
                 if step == place["first"] and dist.is_initialized():  # every rank is in step: from now on, short
                     dist.set_timeout(datetime.timedelta(seconds=cfg.pg_timeout))
@@ -320,11 +332,15 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
                     save()
                 if stop:
                     preempted = True
+                    with one_line_write_errors():
+                        writer.wait()
                     if world > 1:
                         dist.barrier()  # the checkpoint is complete before anyone says so
                     break
             if preempted:
                 break
+        with one_line_write_errors():
+            writer.wait()  # the last checkpoint is on disk before the run says it is done
     if preempted:  # the grace period is ticking: leave now
         accuracy = test_loss = top5 = None
     elif not history or history[-1]["step"] != step:  # stopped mid-epoch (--max-steps)
@@ -356,27 +372,6 @@ def _flops_per_sample(model: nn.Module, shape: tuple[int, ...], device: torch.de
         return training_flops(model, torch.zeros(2, *shape, device=device)) / 2
     finally:
         model.train()
-
-
-def _register_comm_hook(ddp: DDP, cfg: TrainConfig, faults: FaultInjector,
-                        step: int) -> CompressionState | None:
-    """4.4's compression hook (returns its state), or the fault injector's all-reduce point
-    (one hook per DDP). Compression begins at step cfg.compression_start of the run, and
-    never in the first 2 steps of an attempt: a new DDP holds every parameter in one bucket
-    until its first step ends, and the hook's memory is kept per bucket. For the same
-    reason an attempt's hook starts with empty memory (error feedback, warm-start Q): a
-    compressed run resumes correctly, but not bit-identically."""
-    start = max(2, cfg.compression_start - step)  # in this attempt's steps
-    state = None
-    if cfg.compression == "powersgd":
-        state = PowerSGDState(matrix_approximation_rank=cfg.compression_rank, start_powerSGD_iter=start)
-        ddp.register_comm_hook(state, powersgd_hook)
-    elif cfg.compression == "topk":
-        state = TopKState(ratio=cfg.topk_ratio, start_iter=start)
-        ddp.register_comm_hook(state, topk_hook)
-    elif any(f.phase == "allreduce" for f in faults.faults):
-        ddp.register_comm_hook(None, faults.allreduce_hook)
-    return state
 
 
 # ---------------------------------------------------------------- command line

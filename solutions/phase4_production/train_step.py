@@ -60,14 +60,25 @@ def peak_lr(cfg: TrainConfig) -> float:
     return cfg.lr * (math.sqrt(ratio) if cfg.optimizer == "adamw" else ratio)
 
 
+def weight_decay_of(cfg: TrainConfig, param: torch.Tensor) -> float:
+    """make_optimizer's rule: --weight-decay on weights, none on biases and normalisation
+    weights (1-D parameters)."""
+    return cfg.weight_decay if param.ndim > 1 else 0.0
+
+
 def make_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
     """SGD (nesterov) or AdamW at peak_lr(cfg); no weight decay on biases and normalisation
-    weights (1-D parameters)."""
+    weights (1-D parameters). With --compression dgc the comm hook carries SGD's momentum and
+    weight decay (4.4, DGC's momentum correction): the SGD here has neither, .grad is the update."""
+    dgc = cfg.compression == "dgc"
     decay = [p for p in model.parameters() if p.ndim > 1]
     no_decay = [p for p in model.parameters() if p.ndim <= 1]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": 0.0 if dgc else cfg.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(groups, lr=peak_lr(cfg))
+    if dgc:
+        return torch.optim.SGD(groups, lr=peak_lr(cfg), momentum=0.0)
     return torch.optim.SGD(groups, lr=peak_lr(cfg), momentum=cfg.momentum, nesterov=cfg.momentum > 0)
 
 

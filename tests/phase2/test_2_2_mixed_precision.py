@@ -28,7 +28,7 @@ class _FakeGpus:
     current device, per-device properties, the device context, the emulation probe), so
     every public way to ask works and answers consistently: get_device_capability(d),
     get_device_properties(d).major, is_bf16_supported(including_emulation=...) inside
-    `with torch.cuda.device(d)`. As in torch 2.15 (torch/cuda/__init__.py), bf16 is
+    `with torch.cuda.device(d)`. As in torch 2.14.1 (torch/cuda/__init__.py), bf16 is
     "supported" by emulation on every GPU unless including_emulation=False.
     """
 

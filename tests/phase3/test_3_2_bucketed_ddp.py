@@ -73,6 +73,36 @@ def _net(seed: int) -> Net:
     return net
 
 
+class TiedFrozenNet(nn.Module):
+    """first -> mid -> frozen (requires_grad=False) -> mid2, whose weight IS mid's -> last, whose bias is frozen.
+
+    Trainable, each counted once: first 96+16, mid 256+16, mid2.bias 16, last.weight 80 = 480 elements.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Linear(6, 16)
+        self.mid = nn.Linear(16, 16)
+        self.frozen = nn.Linear(16, 16).requires_grad_(False)
+        self.mid2 = nn.Linear(16, 16)
+        self.mid2.weight = self.mid.weight  # tied: one Parameter used by two layers
+        self.last = nn.Linear(16, 5)
+        self.last.bias.requires_grad_(False)
+
+    def forward(self, x):
+        h = F.relu(self.mid(F.relu(self.first(x))))
+        return self.last(F.relu(self.mid2(F.relu(self.frozen(h)))))
+
+
+_TIED_FROZEN_ELEMENTS = 480
+
+
+def _tied_frozen_net(seed: int) -> TiedFrozenNet:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return TiedFrozenNet()
+
+
 def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Uneven local batches: rank r has 3 + 2r samples."""
     gen = torch.Generator().manual_seed(100 * step + rank)
@@ -186,6 +216,33 @@ def _scenario_unused(mod, rank: int) -> dict:
     return out
 
 
+def _scenario_tied_frozen(mod, rank: int) -> dict:
+    """2 SGD steps (momentum, weight decay) of BucketedDDP and torch DDP on TiedFrozenNet, from a different model
+    on every rank (frozen parameters included: construction decides)."""
+    ours_net, torch_net = _tied_frozen_net(seed=rank), _tied_frozen_net(seed=rank)
+    ours = mod.BucketedDDP(ours_net, bucket_cap_mb=_CAP_BYTES / 2**20)
+    after_init = {k: v.clone() for k, v in ours_net.state_dict().items()}
+    ref = DDP(torch_net)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01) for m in (ours_net, torch_net)]
+    steps = []
+    for step in range(2):
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        with _log(mod) as log:
+            _loss(ours, step, rank).backward()
+        _loss(ref, step, rank).backward()
+        steps.append({"ours": _grads(ours_net), "torch": _grads(torch_net), "calls": _calls(log),
+                      "elements": sum(call.numel for call in log.calls if call.name == "all_reduce")})
+        for opt in opts:
+            opt.step()
+    return {"after_init": after_init, "steps": steps,
+            "final": {"ours": _state(ours_net), "torch": _state(torch_net)}}
+
+
+def _state(net: nn.Module) -> dict:
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
 _SUBGROUP = [1, 2]  # global ranks; the group's rank 0 is global rank 1
 
 
@@ -212,7 +269,7 @@ def _scenario_subgroup(mod, rank: int) -> dict | None:
 
 
 _SCENARIOS = {"train": _scenario_train, "no_sync": _scenario_no_sync, "unused": _scenario_unused,
-              "subgroup": _scenario_subgroup}
+              "subgroup": _scenario_subgroup, "tied_frozen": _scenario_tied_frozen}
 
 
 def _ddp_rank(ref: grading.ModuleRef) -> dict:
@@ -417,3 +474,32 @@ def test_3_2_subgroup_without_global_rank_0(grade):
                                        f"process_group={_SUBGROUP})")
     assert_no_problems(problems, f"BucketedDDP(net, group=new_group({_SUBGROUP})) in a world of {_WORLD}: everything is "
                                  "relative to `group` (its rank 0 broadcasts, its size averages), not to the world:")
+
+
+def test_3_2_tied_and_frozen_parameters_like_ddp(grade):
+    ranks = _results(grade("3.2"), "tied_frozen")
+    rank0 = _tied_frozen_net(seed=0).state_dict()
+    problems = []
+    for rank, r in enumerate(ranks):
+        for key, want in rank0.items():
+            problem = diff_report(r["after_init"][key], want, f"rank {rank}, {key} right after construction", 0, 0)
+            if problem:
+                problems.append(problem)
+        for step, s in enumerate(r["steps"], start=1):
+            what = f"step {step}, rank {rank}"
+            problems += _grad_problems(s["ours"], s["torch"], what)
+            if s["elements"] != _TIED_FROZEN_ELEMENTS:
+                problems.append(f"{what}: all-reduced {s['elements']} elements; torch DDP all-reduces each trainable "
+                                f"parameter once: {_TIED_FROZEN_ELEMENTS} (the tied weight once, no frozen one)")
+            blocking = sum(1 for name, is_async in s["calls"] if name == "all_reduce" and not is_async)
+            if blocking:
+                problems.append(f"{what}: {blocking} all_reduce call(s) without async_op=True")
+        for key, want in r["final"]["torch"].items():
+            problem = diff_report(r["final"]["ours"][key], want, f"rank {rank}, {key} after 2 SGD steps", **_TOL)
+            if problem:
+                problems.append(problem)
+    assert_no_problems(problems, "a model with mid2.weight tied to mid.weight and frozen parameters (frozen.*, "
+                                 "last.bias), a different one on every rank, 2 SGD steps with weight decay, against "
+                                 "torch DDP: every parameter, frozen ones too, is rank 0's after construction; a "
+                                 "frozen parameter gets no gradient (.grad None) and no bucket slot; a tied one is "
+                                 "all-reduced once, with the sum of both uses' gradients:")

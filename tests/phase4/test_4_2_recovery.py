@@ -17,7 +17,7 @@ finishes the run. Its final parameters must equal, bit for bit (torch.equal), th
 plain uninterrupted DDP loop on 2 ranks (common.launch.run_world: the same gloo
 all-reduce, so the same bits; checked when this test was written).
 
-Every torchrun launch sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with torch 2.15's
+Every torchrun launch sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with torch 2.14's
 default, a restarted attempt reuses the agent's TCP store and its workers can read the
 dead attempt's gloo addresses (guidelines 4.2, "the store-reuse pitfall").
 """

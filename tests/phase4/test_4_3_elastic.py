@@ -92,6 +92,7 @@ def _step_problems(steps, mod) -> list[str]:
         sizes = [len(s) for s in shares]
         union = set().union(*map(set, shares))
         planned = list(mod.plan_batches(_B, world, _B).shares)
+        base, extra = divmod(_B, world)
         if sum(sizes) != _B or max(sizes) - min(sizes) > 1:
             problems.append(f"{where}: the ranks' shares have {sizes} samples; expected {_B} in all, shares that "
                             f"differ by at most one ({_B} // {world} or one more), so that the global batch stays "
@@ -99,6 +100,10 @@ def _step_problems(steps, mod) -> list[str]:
         elif sizes != planned:
             problems.append(f"{where}: rank_batches hands the ranks {sizes} samples but plan_batches gives them "
                             f"shares of {planned}: the loss weights would not match the samples")
+        elif sizes != [base + (r < extra) for r in range(world)]:
+            problems.append(f"{where}: the ranks' shares have {sizes} samples; the first {_B} mod {world} = {extra} "
+                            f"ranks take the larger ones ({[base + (r < extra) for r in range(world)]}): rank 0 "
+                            "holds a largest share, which the trainer sizes its evaluation batch by")
         elif len(union) != _B:
             problems.append(f"{where}: the ranks' shares overlap: {_B} sample slots hold {len(union)} distinct ids")
         if any(not 0 <= i < _N for i in union):
@@ -121,6 +126,10 @@ def _epoch_problems(steps, baseline, what: str) -> list[str]:
                 problems.append(f"{what}, step {t} (world size {steps[t]['world']}): its global batch is not the one "
                                 "the same step has at world size 1; the global batch of a step must depend on "
                                 "(seed, epoch, step) only, never on the world size")
+            elif t < len(baseline) and [i for s in steps[t]["shares"] for i in s] != baseline[t]["shares"][0]:
+                problems.append(f"{what}, step {t} (world size {steps[t]['world']}): the ranks' shares, in rank "
+                                f"order, are {steps[t]['shares']}; each rank takes its rank_share SLICE of the "
+                                f"global batch {baseline[t]['shares'][0]}, so that they tile it in order")
         twice = {i: ts for i, ts in seen.items() if len(ts) > 1}
         if twice:
             problems.append(f"{what}, epoch {epoch}: {len(twice)} samples trained on more than once, e.g. "
@@ -177,15 +186,26 @@ def test_4_3_resized_run_sees_every_sample_of_the_epoch_once(grade, schedule):
 
 def test_4_3_data_position_does_not_depend_on_the_world_size(grade):
     """After the same number of steps the state_dict is the same at every world size and on every rank
-    (so a checkpoint never carries the old world size), and it is plain data."""
+    (so a checkpoint never carries the old world size), it is plain data (ints and bools, as JSON
+    can hold them), and `consumed` counts the epoch's SAMPLES over all ranks (the trainer's batch
+    sampler sizes the rest of the epoch from it)."""
     mod = grade("4.3").load()
     problems = []
     for count in (3, 5):  # inside epoch 0; across the epoch boundary
         reference_state, reference_world = None, None
-        for world in (1, 2, 3, 4, 6):
+        for world in (1, 2, 3, 4, 5, 6):
             _, checkpoints, found = _simulate(mod, [(world, count)])
             problems += found
             states = checkpoints[-1]["states"]
+            plain = {k: type(v).__name__ for k, v in states[0].items() if type(v) not in (int, bool)}
+            if plain:
+                problems.append(f"after {count} steps at world size {world}: state_dict() holds {plain}; a position "
+                                "is plain ints and bools (json.dumps must take it)")
+            epoch, done = divmod(count, _STEPS_PER_EPOCH)
+            if (states[0].get("epoch"), states[0].get("consumed")) != (epoch, done * _B):
+                problems.append(f"after {count} steps at world size {world}: epoch={states[0].get('epoch')}, "
+                                f"consumed={states[0].get('consumed')}; expected epoch {epoch} and {done} x {_B} = "
+                                f"{done * _B} samples of it consumed (counted over all ranks)")
             for rank, state in enumerate(states):
                 if state != states[0]:
                     problems.append(f"after {count} steps at world size {world}: rank {rank}'s state_dict {state} "
@@ -275,9 +295,11 @@ def _plan_problems(plan, global_batch: int, world: int, cap: int) -> list[str]:
                 f"{max(shares)} within {cap} samples is {fewest}"]
     for rank in range(world):
         micro = list(plan.micro_batches(rank))
-        if len(micro) != plan.accumulation or sum(micro) != shares[rank] or any(not 1 <= m <= cap for m in micro):
+        if len(micro) != plan.accumulation or sum(micro) != shares[rank] or any(not 1 <= m <= cap for m in micro) \
+                or max(micro) - min(micro) > 1:
             return [f"{where}: rank {rank}'s micro_batches are {micro}; expected {plan.accumulation} (the same number "
-                    f"on every rank) of 1..{cap} samples summing to its share of {shares[rank]}"]
+                    f"on every rank) of 1..{cap} samples, differing by at most one, summing to its share of "
+                    f"{shares[rank]}"]
         start = 0
         for (part, weight), size in zip(plan.micro_slices(rank), micro):
             if (part.start or 0, part.stop) != (start, start + size):

@@ -3,9 +3,12 @@
 Run them with `python tests/test_phase4.py -k 4_4` (your code) or
 `pytest tests/test_phase4.py -k 4_4` (the reference); tests/test_phase4.py collects them.
 
-Every check runs in ONE world of 2 ranks (tests/scenarios.py), and the hooks are graded
-through real DDP (`register_comm_hook`): what is graded is what a training loop sees, the
-gradients DDP writes into .grad, the bytes handed to collectives, the accuracy reached.
+Every check runs in ONE world of 2 ranks (tests/scenarios.py), except momentum correction
+(DGC), which runs in one world of 2 and one of 3 ranks; the hooks are graded through real
+DDP (`register_comm_hook`): what is graded is what a training loop sees, the gradients DDP
+writes into .grad, the weights the optimizer reaches, the bytes handed to collectives, the
+accuracy reached, and for DGC the per-bucket memory its contract names (state.momenta,
+state.residuals).
 Each rank draws its own batches, so the two local gradients differ. A hook that raises the
 TODO is replaced by plain all-reduce for the rest of that backward pass (so DDP finishes)
 and the scenario then reports the TODO.
@@ -13,6 +16,7 @@ and the scenario then reports the TODO.
 
 import math
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -462,3 +466,218 @@ def test_4_4_compressed_training_reaches_plain_accuracy(grade):
     short = {what: acc for what, acc in accuracy.items() if acc < baseline - _MARGIN}
     assert not short, (f"digits, 2 ranks, {_EPOCHS} epochs: test accuracy {accuracy}; compressed training must "
                        f"come within {_MARGIN:.0%} of plain DDP's {baseline:.3f}")
+
+
+# ---------------------------------------------------------------- top-k under momentum (DGC), 2 and 3 ranks
+
+_DGC_WORLDS = (2, 3)
+_DGC_CAP_MB = 0.001  # after DDP's rebuild (iteration 1): 3 uneven buckets, 274, 576 and 1560 entries
+_DGC_START, _DGC_STEPS, _DGC_LR, _DGC_M = 2, 8, 0.1, 0.9
+_DGC_RATIO = 0.05
+# Weights after each step vs torch's momentum SGD: the two compute the same real numbers in a
+# different order (the mean of p local momenta vs the momentum of the mean), so float32 rounding
+# differs; measured with the reference: 3e-8 after 8 steps (weights ~0.2), 2 and 3 ranks.
+_DGC_ATOL = 1e-6
+_DGC_EXACT = {
+    "momentum 0.9": dict(nesterov=False, weight_decay=0.0),
+    "nesterov 0.9, weight decay 0.01 on the weights only": dict(nesterov=True, weight_decay=0.01),
+}
+
+
+def _dgc_model() -> nn.Module:
+    """64 -> 24 -> 24 -> 10: one bucket at iteration 0, three uneven ones (DDP's bucket_cap_mb=0.001)
+    from iteration 1, one of them holding parameters of two layers."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, 24), nn.ReLU(), nn.Linear(24, 24), nn.ReLU(), nn.Linear(24, 10))
+
+
+def _weights_only(decay: float):
+    """The trainer's rule: weight decay on weights, none on biases (1-D)."""
+    return lambda p: decay if p.ndim > 1 else 0.0
+
+
+def _dgc_exact(mod) -> list[str]:
+    """Per setting: momentum correction at ratio 1.0 (every entry sent every step, no factor
+    masking) + SGD(momentum=0) vs plain DDP + torch's SGD(momentum, nesterov, weight_decay);
+    the weights after every step."""
+    problems = []
+    for setting, kw in _DGC_EXACT.items():
+        plain, dgc = DDP(_dgc_model(), bucket_cap_mb=_DGC_CAP_MB), DDP(_dgc_model(), bucket_cap_mb=_DGC_CAP_MB)
+        state = mod.TopKState(ratio=1.0, start_iter=_DGC_START, momentum=_DGC_M, nesterov=kw["nesterov"],
+                              momentum_masking=False, weight_decay=_weights_only(kw["weight_decay"]))
+        hook = _guarded(mod.topk_hook)
+        dgc.register_comm_hook(state, hook)
+        groups = [{"params": [p for p in plain.parameters() if p.ndim > 1], "weight_decay": kw["weight_decay"]},
+                  {"params": [p for p in plain.parameters() if p.ndim <= 1], "weight_decay": 0.0}]
+        optimizers = {"plain": torch.optim.SGD(groups, lr=_DGC_LR, momentum=_DGC_M, nesterov=kw["nesterov"]),
+                      "dgc": torch.optim.SGD(dgc.parameters(), lr=_DGC_LR)}
+        gen = torch.Generator().manual_seed(70 + dist.get_rank())
+        for step in range(_DGC_STEPS):
+            batch = _batch(gen)
+            for key, model in (("plain", plain), ("dgc", dgc)):
+                _backward(model, batch)
+                if key == "dgc":
+                    _raise_todo(hook)
+                optimizers[key].step()
+            phase = "compressed" if step >= _DGC_START else f"plain all-reduce before start_iter={_DGC_START}"
+            bad = [diff_report(p, q, f"{setting}: step {step} ({phase}), weights of {name}", rtol=0, atol=_DGC_ATOL)
+                   for (name, p), q in zip(dgc.module.named_parameters(), plain.module.parameters())]
+            bad = [b for b in bad if b]
+            if bad:
+                problems.append(bad[0])
+                break
+    return problems
+
+
+def _snapshot(state) -> dict:
+    return {"u": {i: t.detach().clone() for i, t in getattr(state, "momenta", {}).items()},
+            "v": {i: t.detach().clone() for i, t in getattr(state, "residuals", {}).items()}}
+
+
+def _dgc_masking(mod) -> dict:
+    """Momentum correction with factor masking at ratio 5 %: per step and bucket, what the hook
+    received (this rank's gradient) and returned, and the state after the step."""
+    model = DDP(_dgc_model(), bucket_cap_mb=_DGC_CAP_MB)
+    names = {p.data_ptr(): n for n, p in model.module.named_parameters()}
+    state = mod.TopKState(ratio=_DGC_RATIO, start_iter=_DGC_START, momentum=_DGC_M)
+    hook = _guarded(mod.topk_hook, names)
+    model.register_comm_hook(state, hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=_DGC_LR)
+    gen = torch.Generator().manual_seed(80 + dist.get_rank())
+    steps = []
+    for step in range(_DGC_STEPS):
+        hook.calls.clear()
+        _backward(model, _batch(gen))
+        _raise_todo(hook)
+        optimizer.step()
+        steps.append({"calls": [{k: c[k] for k in ("bucket", "params", "received", "returned")} for c in hook.calls],
+                      "after": _snapshot(state)})
+    return {"steps": steps, "numel": {i: t.numel() for i, t in getattr(state, "residuals", {}).items()}}
+
+
+def _dgc_rank(ref: grading.ModuleRef) -> dict:
+    mod = ref.load()
+    return run_scenarios({"exact": lambda: _dgc_exact(mod), "masking": lambda: _dgc_masking(mod)}, _AGREE_S)
+
+
+_dgc_worlds = {size: SharedWorld(_dgc_rank, size) for size in _DGC_WORLDS}
+
+
+def _dgc_results(ref: grading.ModuleRef, name: str, world: int) -> list:
+    return _dgc_worlds[world].results(name, ref, what=f"4.4 momentum-correction scenario {name!r} on {world} ranks")
+
+
+@pytest.mark.parametrize("world", _DGC_WORLDS, ids=lambda w: f"{w} ranks")
+def test_4_4_dgc_full_ratio_equals_momentum_sgd(grade, world):
+    """At ratio 1.0 without factor masking, momentum correction sends u_t every step (v = 0 + u),
+    and SGD(momentum=0) steps along the mean of the local u_t = m u + g_t, which is (momentum is
+    linear) torch's buffer m b + mean g_t: the same weights as SGD(momentum=m), to float32
+    rounding. Weight decay is added to the gradient before momentum, as torch's SGD does; before
+    start_iter the hook carries momentum on the averaged gradient (allreduce_with_momentum)."""
+    results = _dgc_results(grade("4.4"), "exact", world)
+    problems = [f"rank {rank}: {p}" for rank, rank_problems in enumerate(results) for p in rank_problems]
+    assert_no_problems(problems, f"{world} ranks, 3 uneven buckets: TopKState(ratio=1.0, momentum=0.9, "
+                                 "momentum_masking=False) + SGD(momentum=0) must give the weights of plain DDP + "
+                                 "SGD(momentum=0.9) (the hook carries the momentum, the weight decay before it, "
+                                 "from the first step):")
+
+
+def _masking_problems(rank: int, steps: list[dict], sent_sums: dict) -> list[str]:
+    """Per compressed step and bucket: every entry either sent (v and u both 0 afterwards, and it
+    was among the largest |v|) or kept (v = v_prev + u, u = m u_prev + g); what the ranks sent,
+    averaged, is what the hook returned."""
+    problems = []
+    for step in range(_DGC_START, len(steps)):
+        calls, after = steps[step]["calls"], steps[step]["after"]
+        before = steps[step - 1]
+        for call in calls:
+            i, g = call["bucket"], call["received"]
+            where = f"rank {rank}, step {step}, bucket {i} ({', '.join(call['params'])})"
+            if i not in after["u"] or i not in after["v"]:
+                problems.append(f"{where}: no state.momenta[{i}] / state.residuals[{i}] after the step (u and v are "
+                                "kept per bucket index)")
+                continue
+            u, v = after["u"][i], after["v"][i]
+            if u.shape != g.shape or v.shape != g.shape:
+                problems.append(f"{where}: state.momenta[{i}] has shape {tuple(u.shape)}, state.residuals[{i}] "
+                                f"{tuple(v.shape)}, the bucket {tuple(g.shape)}: the memory of another bucket?")
+                continue
+            if step == _DGC_START:  # hand-over: the dense phase's momentum (what the hook returned), no residual
+                u_prev = next(c["returned"] for c in before["calls"] if c["bucket"] == i)
+                v_prev = torch.zeros_like(g)
+            else:
+                u_prev, v_prev = before["after"]["u"][i], before["after"]["v"][i]
+            u_new = u_prev * _DGC_M + g
+            v_new = v_prev + u_new
+            tol = 1e-5 * max(v_new.abs().max().item(), 1e-30)
+            kept = ((u - u_new).abs() <= tol) & ((v - v_new).abs() <= tol)
+            sent = (u == 0) & (v == 0)
+            neither = ~(kept | sent)
+            if neither.any():
+                nonzero = neither & (v != 0)
+                j = int((nonzero if nonzero.any() else neither).nonzero()[0])
+                why = ("v was zeroed but not u: factor masking zeroes the momentum where the entry was sent"
+                       if v[j] == 0 and (u[j] - u_new[j]).abs() <= tol else
+                       "u was zeroed but v kept its value: the residual v must lose what was sent"
+                       if u[j] == 0 and (v[j] - v_new[j]).abs() <= tol else
+                       "v accumulated the gradient g, not the velocity u (momentum correction: v <- v + u)"
+                       if (v[j] - (v_prev[j] + g[j])).abs() <= tol else
+                       "neither kept (u = m u_prev + g, v = v_prev + u) nor sent (both 0)")
+                problems.append(f"{where}: {int(neither.sum())} of {g.numel()} entries, first {j}: u {u[j]:.6g} "
+                                f"(kept would be {u_new[j]:.6g}), v {v[j]:.6g} (kept would be {v_new[j]:.6g}): {why}")
+                continue
+            out = sent & ~kept
+            k = _k(g.numel(), _DGC_RATIO)
+            if int(out.sum()) > k:
+                problems.append(f"{where}: {int(out.sum())} entries left v, more than k = {k}")
+            if out.any() and (~out).any() and v_new[out].abs().min() < v_new[~out].abs().max() - tol:
+                problems.append(f"{where}: an entry with |v| = {v_new[out].abs().min():.6g} was sent while one with "
+                                f"|v| = {v_new[~out].abs().max():.6g} was kept: send the k largest |v|")
+            mean_sent = sent_sums.get((step, i))
+            if mean_sent is None:
+                continue
+            problem = diff_report(call["returned"], mean_sent, f"{where}: the hook's result vs the mean over ranks of "
+                                  "what left v (v_prev + u - v)", rtol=0, atol=tol)
+            if problem:
+                problems.append(problem)
+    return problems
+
+
+def _k(numel: int, ratio: float) -> int:
+    """topk_count's rule: ceil(ratio * numel), at least 1."""
+    return max(1, min(numel, math.ceil(ratio * numel)))
+
+
+@pytest.mark.parametrize("world", _DGC_WORLDS, ids=lambda w: f"{w} ranks")
+def test_4_4_dgc_factor_masking_per_bucket(grade, world):
+    """Momentum correction with factor masking at ratio 5 %, 3 uneven buckets: after each
+    compressed step every entry of every bucket's memory is either sent, with v = 0 AND u = 0
+    (the momentum of an entry just applied must not push it again), or kept, with
+    u = m u_prev + g and v = v_prev + u; the sent entries are the largest |v|; the hook
+    returns the mean over ranks of what left v. At the first compressed step u_prev is the
+    momentum the plain steps before it built (what the hook returned then) and v_prev = 0."""
+    results = _dgc_results(grade("4.4"), "masking", world)
+    sent_sums: dict = {}
+    for r in results:
+        for step in range(_DGC_START, len(r["steps"])):
+            for call in r["steps"][step]["calls"]:
+                i, after, before = call["bucket"], r["steps"][step]["after"], r["steps"][step - 1]
+                if i not in after["u"] or i not in after["v"] or after["v"][i].shape != call["received"].shape:
+                    continue
+                if step == _DGC_START:
+                    u_prev = next(c["returned"] for c in before["calls"] if c["bucket"] == i)
+                    v_prev = torch.zeros_like(call["received"])
+                else:
+                    u_prev, v_prev = before["after"]["u"][i], before["after"]["v"][i]
+                left = v_prev + (u_prev * _DGC_M + call["received"]) - after["v"][i]
+                sent_sums[(step, i)] = sent_sums.get((step, i), 0) + left / world
+    problems = []
+    for rank, r in enumerate(results):
+        buckets = sorted(r["numel"].values())
+        if len(buckets) != 3 or len(set(buckets)) != 3:
+            problems.append(f"rank {rank}: state.residuals holds {len(buckets)} buckets of {buckets} entries; "
+                            "expected one per bucket of DDP's 3 (274, 576, 1560 entries)")
+        problems += _masking_problems(rank, r["steps"], sent_sums)
+    assert_no_problems(problems, f"{world} ranks: TopKState(ratio={_DGC_RATIO}, momentum=0.9) with momentum factor "
+                                 "masking (the default):")

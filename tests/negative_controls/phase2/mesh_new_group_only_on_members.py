@@ -1,9 +1,9 @@
 """Each rank calls dist.new_group only for its own row and column: ranks meet under the same group name for different groups.
 
 Group names are a per-process counter of new_group calls, so rank 0's row {0, 1} and rank 2's
-row {2, 3} are both "group 1" and meet in the same rendezvous. On torch 2.15 with gloo we saw both
+row {2, 3} are both "group 1" and meet in the same rendezvous. On torch 2.14.1 with gloo we saw both
 outcomes, depending on timing: ranks wired to the wrong peers (an all-reduce "over {0, 1}" summed
-ranks 0 and 3), or a rank waiting forever in group creation (the world's deadline ends it).
+ranks from both rows), or ranks waiting forever (the world's deadline ends it).
 """
 import torch.distributed as dist
 

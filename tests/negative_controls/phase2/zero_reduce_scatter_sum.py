@@ -1,5 +1,5 @@
-"""ZeRO-2 reduce-scatters the gradients with SUM and forgets to divide by N: Adam normalises most of the
-factor away (m / sqrt(v)), so only a run whose update is proportional to the gradient shows it N times too far."""
+"""ZeRO-2 reduce-scatters each gradient with SUM and forgets to divide by N: Adam would normalise most of the
+factor away (m / sqrt(v)), but SGD's step is proportional to the gradient, so it goes N times too far."""
 import torch
 import torch.distributed as dist
 
@@ -11,9 +11,15 @@ CAUGHT_BY = ["test_2_4_gradient_is_averaged_over_ranks_stage2", "test_2_4_gradie
 
 
 class ZeroStage2(_reference.ZeroStage2):
-    def reduce_gradients(self, unit):
-        shard = torch.empty_like(unit.grad_shard)
-        dist.reduce_scatter_tensor(shard, unit.flat_grad())  # summed over N ranks
-        unit.grad_shard.add_(shard)
-        for p in unit.params:
-            p.grad = None
+    @torch.no_grad()
+    def _grad_ready(self, p):
+        padded = torch.zeros_like(self.flat[p])
+        padded[:p.numel()].copy_(p.grad.reshape(-1))
+        mine = torch.empty_like(self.shard[p])
+        dist.reduce_scatter_tensor(mine, padded)  # summed over N ranks
+        shard = self.shard[p]
+        if shard.grad is None:
+            shard.grad = mine
+        else:
+            shard.grad.add_(mine)
+        p.grad = None

@@ -1,5 +1,5 @@
-"""ZeRO-1 step updates this rank's slice but never all-gathers: every other slice keeps its old
-values on this rank, and the replicas drift apart."""
+"""ZeRO-1 step updates the parameters this rank owns but never sends them: every other rank keeps their old
+values, and the replicas drift apart."""
 import torch
 import torch.distributed as dist
 
@@ -12,10 +12,10 @@ CAUGHT_BY = ["test_2_4_trains_like_data_parallel_adam_stage1"]
 
 class ZeroStage1(_reference.ZeroStage1):
     @torch.no_grad()
-    def step(self):
-        self.step_count += 1
-        flat, grad = self.flat, self.flat_grad
-        dist.all_reduce(grad)
-        grad.div_(self.world_size)
-        self.adam(flat.data[flat.lo:flat.hi], grad[flat.lo:flat.hi], self.exp_avg, self.exp_avg_sq)
-        grad.zero_()
+    def step(self, closure=None):
+        self._sync_hyperparameters()
+        for p in self.trainable:
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad.div_(self.world_size)
+        self.optim.step()

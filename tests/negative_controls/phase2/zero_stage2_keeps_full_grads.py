@@ -1,5 +1,5 @@
-"""ZeRO-2 reduce-scatters each unit into its gradient shard but leaves every full p.grad allocated (zeroed for
-the next step, as a normal optimizer's zero_grad would): the result is right, the gradient memory is stage 1's."""
+"""ZeRO-2 reduce-scatters each gradient into its slice but leaves every full p.grad allocated (zeroed for the
+next backward, as a normal optimizer's zero_grad would): the result is right, the gradient memory is stage 1's."""
 import torch
 import torch.distributed as dist
 
@@ -11,10 +11,19 @@ CAUGHT_BY = ["test_2_4_memory_between_steps_stage2", "test_2_4_peak_memory_stage
 
 
 class ZeroStage2(_reference.ZeroStage2):
-    def reduce_gradients(self, unit):
-        shard = torch.empty_like(unit.grad_shard)
-        dist.reduce_scatter_tensor(shard, unit.flat_grad())
-        unit.grad_shard.add_(shard, alpha=1.0 / self.world_size)
-        for p in unit.params:
-            if p.grad is not None:
-                p.grad.zero_()  # "zero_grad" instead of freeing
+    @torch.no_grad()
+    def _grad_ready(self, p):
+        padded = torch.zeros_like(self.flat[p])
+        padded[:p.numel()].copy_(p.grad.reshape(-1))
+        mine = torch.empty_like(self.shard[p])
+        dist.reduce_scatter_tensor(mine, padded)
+        mine.div_(self.world_size)
+        shard = self.shard[p]
+        if shard.grad is None:
+            shard.grad = mine
+        else:
+            shard.grad.add_(mine)
+        p.grad.zero_()  # "zero_grad" instead of freeing
+
+    def zero_grad(self, set_to_none=True):
+        self.optim.zero_grad(set_to_none)  # the model's gradients stay, zeroed

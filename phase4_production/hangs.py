@@ -1,0 +1,151 @@
+"""4.6 Hung collectives: a bounded wait, a per-rank flight recorder, and who diverged.
+
+A rank that is alive but never reaches a collective (a collective under `if rank == 0:`, one
+batch more on one rank, a dead NIC, a GPU hang) leaves every other rank waiting in it, and
+torchrun sees nothing wrong: no process died. Two things turn that hang into a diagnosis:
+
+    rec = CollectiveRecorder(capacity=2000, timeout=60.0, dump_path="run/fr_rank{rank}.json")
+    rec(dist.all_reduce, grad)                        # dist.all_reduce(grad), recorded and
+    rec(dist.broadcast, weights, src=0, group=dp)     # bounded: after 60 s CollectiveTimeout,
+    rec(dist.barrier)                                 # with this rank's dump written first
+
+    # later, with every rank's dump (the files, or rec.dump() gathered):
+    for finding in diagnose([json.load(open(p)) for p in sorted(glob.glob("run/fr_rank*.json"))]):
+        print(finding["message"])
+    # rank 2 never started collective #17 (all_reduce float32[1024]) of group [0, 1, 2, 3];
+    # ranks 0, 1, 3 wait in it
+
+The recorder keeps, like NCCL's flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE entries), the
+newest `capacity` collectives this rank issued through it, each numbered per process group,
+and dumps them as plain JSON when one fails. `diagnose` lines the ranks' dumps up by those
+numbers. On gloo a wait ends on the host when the data has arrived; on NCCL a host-side wait
+only orders streams, so there use torch's own flight recorder (phase4_production/guidelines.md,
+section 4.6).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from collections import Counter, deque
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+
+class CollectiveTimeout(RuntimeError):
+    """A collective did not complete within the recorder's timeout: some rank of its group
+    never reached it (or is stuck in it). The message names the collective and says "timed out"."""
+
+
+def signature(op: str, dtype: str | None, shape: list[int] | None) -> str:
+    """How a collective is named in messages: "all_reduce float32[1024]", "barrier"."""
+    if dtype is None:
+        return op
+    return f"{op} {dtype}[{', '.join(str(n) for n in shape or [])}]"
+
+
+class CollectiveRecorder:
+    """A per-rank flight recorder: collectives issued through it are recorded, waited for at
+    most `timeout` seconds, and dumped when they fail.
+
+        rec(collective, *args, group=None, **kwargs)
+
+    issues `collective(*args, group=group, async_op=True, **kwargs)` (any torch.distributed
+    collective that takes `group` and `async_op`: all_reduce, broadcast, all_gather_into_tensor,
+    reduce_scatter_tensor, barrier, ...; pass the group by keyword) and returns once it has
+    completed. Before issuing, it records an entry:
+
+        {"seq": n,             # this collective's number on its group: 0, 1, 2, ... per group
+         "op": "all_reduce",   # collective.__name__
+         "group": [0, 1, 2],   # the group's global ranks, sorted (every rank for group=None)
+         "shape": [1024],      # of the first argument that is a torch.Tensor; None if none
+         "dtype": "float32",   # its dtype without "torch."; None if none
+         "state": "started"}   # "completed" once the wait returned
+
+    If it has not completed after `timeout` seconds, the recorder writes the dump to
+    `dump_path` ("{rank}" in it becomes this rank; nothing written when None), then raises
+    CollectiveTimeout. An error of the collective itself (invalid arguments, a peer's
+    connection closed) is dumped too and then propagates unchanged. Either way the entry
+    stays "started".
+
+    `dump()` returns this rank's record as plain JSON data (a copy):
+
+        {"rank": r, "world_size": n, "capacity": c,
+         "groups": [{"ranks": [0, 1, 2], "issued": 18}, ...],   # per group used: collectives issued
+         "entries": [entry, ...]}                                # the newest `capacity`, oldest first
+
+    "issued" counts every collective ever issued on the group, so a reader knows how far a
+    rank got even after its oldest entries left the ring buffer.
+    """
+
+    def __init__(self, capacity: int = 2000, timeout: float = 300.0, dump_path: str | os.PathLike | None = None):
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1 (entries kept), got {capacity}")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        self.capacity, self.timeout = int(capacity), float(timeout)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.dump_path = None if dump_path is None else str(dump_path).replace("{rank}", str(self.rank))
+        raise NotImplementedError('TODO 4.6: hold the newest `capacity` entries (a ring buffer: see collections.deque) and, per group, how many collectives were issued on it')
+
+    def __call__(self, collective: Callable[..., Any], *args: Any, group: dist.ProcessGroup | None = None,
+                 **kwargs: Any) -> None:
+        """Issue `collective` on `group`, recorded, and wait for it at most `timeout` seconds."""
+        raise NotImplementedError('TODO 4.6: the entry is recorded before the collective is issued and the wait is bounded by self.timeout (see Work.wait); a failure is dumped, then raised as the docstring says')
+
+    def dump(self) -> dict[str, Any]:
+        """This rank's record (see the class docstring): JSON-serialisable, a copy."""
+        raise NotImplementedError('TODO 4.6: the documented dict of plain lists, ints and strings, entries oldest first; a copy that later collectives do not change')
+
+    def write_dump(self) -> None:
+        """Write dump() to dump_path as JSON, atomically (a reader never sees half a dump)."""
+        if self.dump_path is None:
+            return
+        path = Path(self.dump_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp = path.with_name(path.name + ".tmp")
+        temp.write_text(json.dumps(self.dump(), indent=1))
+        os.replace(temp, path)
+
+
+def diagnose(dumps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where the ranks' records diverge, from every rank's dump (CollectiveRecorder.dump(),
+    in any order). One finding per process group whose ranks disagree, in the order of the
+    groups' rank lists; [] when no group diverged:
+
+        {"group": [0, 1, 2, 3],   # the group's global ranks
+         "seq": 17,               # the first collective number of that group where ranks disagree
+         "kind": "skipped",       # "skipped": some ranks never started #seq;
+                                  # "mismatch": all started it, some with another op, dtype or shape
+         "ranks": [2],            # the ranks that diverged: never started it, or issued the odd one
+         "waiting": [0, 1, 3],    # the ranks whose #seq is "started" and not completed
+         "expected": {"op": "all_reduce", "dtype": "float32", "shape": [1024]},  # what most issued
+         "message": "rank 2 never started collective #17 (all_reduce float32[1024]) of group "
+                    "[0, 1, 2, 3]; ranks 0, 1, 3 wait in it"}
+
+    A rank never started #seq when it issued at most seq collectives on the group (its
+    "issued" count). A rank whose entry #seq has left its ring buffer is neither blamed nor
+    waiting. "expected" is the (op, dtype, shape) issued by most ranks holding #seq (a tie
+    goes to the lowest rank's); None if no dump holds #seq any more. When some ranks never
+    started #seq, the finding is "skipped", whatever the others issued there.
+
+    Raises ValueError when `dumps` is empty, names a rank twice, disagrees on the world
+    size, or lacks a rank of the world (a dump per rank is needed, as torchfrtrace needs).
+    """
+    raise NotImplementedError("TODO 4.6: refuse dumps that are not one per rank of one world (ValueError); gather per group each rank's issued count and its entries by seq, and ask _first_divergence")
+
+
+def _first_divergence(group: list[int], issued: list[int], entries: dict[int, dict[int, dict]]) -> dict | None:
+    """diagnose's finding for one group, or None if its ranks agree. issued[i]: how many
+    collectives rank group[i] issued on the group; entries[rank][seq]: the entries of the
+    group that rank's dump still holds (a rank may hold none)."""
+    raise NotImplementedError('TODO 4.6: the first seq where a rank never started it (issued <= seq) or holds another (op, dtype, shape) than the most common; an entry gone from a ring buffer is unknown, not missing')
+
+
+def _ranks(ranks: list[int]) -> str:
+    """"rank 2", "ranks 0, 1, 3"."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
