@@ -1,8 +1,10 @@
 """Exercise 1.2: all-reduce built from primitives, three ways.
 
 Every function has the contract of `dist.all_reduce(tensor)`: it runs on every rank
-of the default process group, and on return `tensor` (modified in place) holds the
-element-wise SUM (or AVG) of all ranks' tensors. It also returns `tensor`. Build it
+of the default process group, and on return `tensor` (modified in place, in its own
+storage: it may be a view into a larger buffer) holds the element-wise SUM (or AVG) of
+all ranks' tensors. It also returns `tensor`. ValueError for an op other than "sum" and
+"avg", TypeError for "avg" of an integer tensor. Build it
 from send/recv/isend/irecv, broadcast and all_gather: no collective of torch that
 reduces (all_reduce, reduce, reduce_scatter*), under any name.
 

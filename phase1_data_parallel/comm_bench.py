@@ -75,8 +75,11 @@ def cost_terms(strategy: str, world_size: int) -> tuple[float, float]:
     """(a, b) such that an all-reduce of n bytes costs a * alpha + b * n * beta on p ranks.
 
     `strategy`: a key of STRATEGIES (1.2; reduce_broadcast with gloo's binomial-tree
-    broadcast), "ring" (reduce-scatter + all-gather) or "halving_doubling" (Rabenseifner,
-    p a power of two). (0, 0) for p = 1: nothing is sent.
+    broadcast), "ring" (reduce-scatter + all-gather) or "halving_doubling" (Rabenseifner;
+    for p not a power of two, the p - q ranks above the largest power of two q fold
+    into ranks 0..p-q-1 first and get the result back at the end, as in recursive
+    doubling: two more whole-message steps). (0, 0) for p = 1: nothing is sent.
+    ValueError for any other strategy, whatever p.
     """
     p = world_size
     if p < 1:

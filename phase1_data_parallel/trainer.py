@@ -43,7 +43,12 @@ from .sampler import make_loader
 
 
 def broadcast_parameters(model: nn.Module, src: int = 0) -> None:
-    """Make every rank's parameters AND buffers (e.g. BatchNorm statistics) equal to rank `src`'s."""
+    """Make every rank's parameters AND buffers (e.g. BatchNorm statistics) equal to rank `src`'s.
+
+    All of them: frozen parameters, tied ones (one Parameter, however many layers use it)
+    and buffers left out of the state_dict (persistent=False) too. In place: afterwards
+    each is the same tensor, in the same storage, as before.
+    """
     raise NotImplementedError("TODO 1.4: afterwards every rank's parameters and buffers equal rank src's, in place and unrecorded by autograd; pointer: dist.broadcast")
 
 
@@ -54,13 +59,17 @@ def sync_gradients(model: nn.Module, local_batch_size: int, group: dist.ProcessG
     summed over the ranks of `group` (default: all ranks). When every n_r is equal this is
     the plain average of the g_r. A trainable parameter without a gradient (unused in this
     rank's forward) counts as a zero gradient, so every rank makes the same collective
-    calls. No host synchronisation: the weights stay tensors on the device.
+    calls; a frozen one (requires_grad=False) is left alone, its .grad stays None. No host
+    synchronisation: the weights stay tensors on the device.
     """
     raise NotImplementedError("TODO 1.4: every trainable parameter's .grad becomes the docstring's weighted sum, identical on every rank of group; pointer: ranks do not know each other's n_r")
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor) -> float:
-    """One synchronous step on this rank's part of the batch. Returns the global mean loss."""
+    """One synchronous step on this rank's part of the batch. Returns the global mean loss.
+
+    The step's gradient is this batch's only: whatever .grad held before the call is not added in.
+    """
     raise NotImplementedError("TODO 1.4: the optimizer step one process would take on all ranks' batches together (cross-entropy, mean), and that batch's mean loss on every rank; pointer: sync_gradients")
 
 
@@ -68,8 +77,9 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch
 def evaluate(model: nn.Module, loader: DataLoader, device: torch.device) -> float:
     """Accuracy over the union of all ranks' loaders (not just this rank's share).
 
-    The shards may differ in size. The model runs in eval mode (BatchNorm uses its running
-    statistics, dropout is off) and is left in the mode it was in.
+    The shards may differ in size, and a rank's may be empty (it still joins the
+    all-reduce). The model runs in eval mode (BatchNorm uses its running statistics,
+    dropout is off) and is left in the mode it was in (train or eval).
     """
     raise NotImplementedError("TODO 1.4: the docstring's accuracy, the same on every rank; pointer: which per-rank numbers can be summed over ranks?")
 

@@ -45,9 +45,13 @@ class GradSync(nn.Module):
     As in torch's DDP, the decision is taken by the FORWARD, from `require_sync` at that
     moment (DDP's `_pre_forward`/`_post_forward` read `require_backward_grad_sync` and
     prepare the reducer): a forward outside `no_sync()` whose backward runs inside it
-    still syncs, a forward inside whose backward runs outside does not. The sync is
-    `self.sync(local_samples)`. Without an initialised process group (one process)
-    there is nobody to sync with and `sync` does nothing.
+    still syncs, a forward inside whose backward runs outside does not. A forward under
+    torch.no_grad() builds no graph and decides nothing (DDP ignores it too), and a
+    backward uses up the decision (DDP's reducer, once prepared, serves one backward): a
+    second backward with no forward between them does not sync again, e.g. that of an
+    earlier forward made inside no_sync(). The sync is `self.sync(local_samples)`. Without an
+    initialised process group (one process) there is nobody to sync with and `sync` does
+    nothing. Positional and keyword arguments of the forward go to the module unchanged.
     """
 
     def __init__(self, module: nn.Module):
@@ -108,8 +112,10 @@ def accumulation_step(sync: GradSync, optimizer: torch.optim.Optimizer,
     `sync` wraps the model (its forward is the model's). inputs (n, ...), targets (n,)
     class indices; the loss is cross-entropy. Afterwards the parameters equal those of
     ONE step on the concatenation of every rank's whole local batch (up to float
-    rounding), exactly one `sync` (gradient all-reduce) happened, and at no time were
-    the activations of more than one micro-batch kept for backward.
+    rounding; gradients left in .grad before the call do not count), exactly one `sync`
+    (gradient all-reduce, with local_samples = n) happened, ceil(n / micro_batch_size)
+    forwards of at most micro_batch_size samples each ran, and at no time were the
+    activations of more than one micro-batch kept for backward.
     Returns the mean loss over all ranks' samples (before the step).
     """
     if len(inputs) != len(targets) or len(inputs) == 0:

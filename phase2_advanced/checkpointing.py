@@ -41,7 +41,9 @@ class CheckpointFunction(torch.autograd.Function):
     of the Function only so that autograd knows the output depends on them (else, when x
     needs no gradient, e.g. the data, the output would need none either and the
     parameters would never get one); backward returns their gradients (None for those
-    that need none, e.g. frozen ones).
+    that need none, e.g. frozen ones, and for those run_function does not use). A
+    parameter may also be an input of several Functions (a weight shared by two
+    segments): each returns its own part, and autograd adds them up.
 
     "As now": backward re-runs run_function with the RNG states forward started from
     (the CPU's and that of every GPU x or params live on: the same dropout masks) and

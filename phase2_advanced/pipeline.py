@@ -67,13 +67,14 @@ def _check_actions(actions: list[Action], where: str = "stage") -> int:
 
 
 def gpipe_schedule(num_stages: int, num_microbatches: int) -> Schedule:
-    """GPipe: on every stage F0..F(m-1), then the backwards in reverse order B(m-1)..B0.
+    """GPipe: on every stage F0..F(m-1), then all the backwards.
 
-    (Reverse order as in the GPipe paper; forward order, as torch's ScheduleGPipe
-    uses, is just as correct and gives the same bubble and memory.)
+    Either order of the backwards is correct: reverse, B(m-1)..B0, as the GPipe paper
+    draws it, or forward, B0..B(m-1), as torch's ScheduleGPipe runs it (the same bubble,
+    memory and gradients); every stage must use the same one (messages pair in order).
     Raises ValueError unless both arguments are integers >= 1.
     """
-    raise NotImplementedError('TODO 2.6: validate with _check_settings; every stage runs all forwards, then all backwards in reverse order (the GPipe picture in the module docstring)')
+    raise NotImplementedError('TODO 2.6: validate with _check_settings; every stage runs all its forwards, then all its backwards (the GPipe picture in the module docstring)')
 
 
 def one_f_one_b_schedule(num_stages: int, num_microbatches: int) -> Schedule:
@@ -93,8 +94,11 @@ def time_grid(schedule: Schedule) -> Grid:
     first step where its dependencies finished at earlier steps (F(s,j) after F(s-1,j);
     B(s,j) after B(s+1,j) and F(s,j)); each stage runs its actions in list order.
 
-    Returns grid[t][s] = the action stage s runs at step t, or None (idle). Raises
-    ValueError if the actions are malformed or the schedule deadlocks (no stage can move).
+    Returns grid[t][s] = the action stage s runs at step t, or None (idle); the schedule is
+    left unchanged. Works for any schedule, not only the two above (any micro-batch order,
+    any interleaving). Raises ValueError if the actions are malformed (per stage: every
+    micro-batch 0..m-1 exactly once as ("F", j) and once as ("B", j), F before B) or the
+    schedule deadlocks (no stage can move).
     """
     raise NotImplementedError('TODO 2.6: validate each stage with _check_actions, then simulate the clock the docstring describes, one step at a time; ValueError when no stage can move but work remains (guidelines 2.6, "Stuck?")')
 
@@ -105,7 +109,8 @@ def bubble_fraction(grid: Grid) -> float:
 
 
 def max_in_flight(actions: list[Action]) -> int:
-    """Largest number of micro-batches whose F has run and whose B has not, over one stage's actions."""
+    """Largest number of micro-batches whose F has run and whose B has not, over one stage's actions
+    (any valid list, in any micro-batch order; the list is left unchanged)."""
     raise NotImplementedError('TODO 2.6: the high-water mark of forwards not yet matched by their backward, walking the list in order')
 
 
@@ -113,7 +118,8 @@ def split_microbatches(batch: torch.Tensor, num_microbatches: int) -> list[torch
     """Split along dim 0 into num_microbatches equal, consecutive chunks.
 
     Equal sizes make the mean of the micro-batch mean losses equal the batch mean loss;
-    raises ValueError if len(batch) is not divisible by num_microbatches.
+    raises ValueError unless num_microbatches is an integer >= 1 that divides len(batch).
+    The batch is left unchanged.
     """
     raise NotImplementedError('TODO 2.6: ValueError unless num_microbatches is an integer >= 1 that divides len(batch); then m equal consecutive views along dim 0 (torch.Tensor.chunk)')
 
@@ -125,6 +131,8 @@ def run_pipeline(actions: list[Action], stage: PipelineStage, microbatch_inputs:
 
     microbatch_inputs: the m input micro-batches on the first stage (None elsewhere);
     microbatch_targets: the m target micro-batches on the last stage (None elsewhere).
+    Any valid row runs (not only GPipe's and 1F1B's, in any micro-batch order): ("F", j)
+    takes microbatch_inputs[j] and microbatch_targets[j], ("B", j) is the backward of that F.
     Each micro-batch's loss is divided by m before its backward, so the gradients
     accumulated in .grad equal those of the mean loss over the whole batch.
     Sends leave before the next computation (the neighbour never starves), and what a

@@ -91,14 +91,15 @@ def build_groups(topology: Topology) -> NodeGroups:
 def hierarchical_all_reduce(tensor: torch.Tensor, groups: NodeGroups, op: str = "sum") -> torch.Tensor:
     """All-reduce `tensor` in place over the world and return it: equal to
     dist.all_reduce (op "sum"), or to it divided by the world size (op "avg", floating
-    dtypes). Any shape, dtype and numel (numel need not divide by the node size), on the
-    tensor's device. Only collectives on groups.intra and groups.inter; across nodes, only
+    dtypes). Any shape, numel (it need not divide by the node size) and dtype the backend
+    reduces (gloo in torch 2.14.1 refuses int16 and the float8 types, in dist.all_reduce
+    too), on the tensor's device. Only collectives on groups.intra and groups.inter; across nodes, only
     the shard of S/ranks_per_node elements this rank owns after the intra-node step.
     """
     if op not in ("sum", "avg"):
         raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
     if op == "avg" and not (tensor.is_floating_point() or tensor.is_complex()):
-        raise ValueError(f"op='avg' needs a floating dtype, got {tensor.dtype}")
+        raise TypeError(f"op='avg' needs a floating dtype, got {tensor.dtype} (use op='sum')")  # as 3.1's ring
     raise NotImplementedError('TODO 3.3: reduce-scatter in the node, all-reduce your shard across nodes, all-gather in the node (pad to a multiple of the node size)')
 
 
@@ -116,7 +117,9 @@ def predict_seconds(nbytes: float, num_nodes: int, ranks_per_node: int, intra: L
 
       * a ring step lasts as long as its slowest hop; a flat ring in rank order has
         2(p-1) steps of nbytes/p, and when num_nodes > 1 some hop of every step crosses
-        nodes, through one rank's NIC;
+        nodes, through one rank's NIC. Its other hops stay inside a node (intra links;
+        none when ranks_per_node == 1), and whichever kind is slower sets the step: a
+        node's own links may be the slow ones;
       * hierarchical: reduce-scatter and all-gather inside nodes (k-1 steps of nbytes/k
         each, intra links), then a ring all-reduce of nbytes/k across nodes (2(N-1)
         steps of nbytes/(k N)) run by all k ranks of a node at once: they share

@@ -115,7 +115,8 @@ def set_aside_newer(checkpoints: CheckpointManager, resumed: int | None) -> list
 
 
 class PreemptionHandler:
-    """Turn SIGTERM (or the given signals) into a request to stop at the next step boundary.
+    """Turn each of `signals` (default: SIGTERM) into a request to stop at the next step
+    boundary. Only those: a signal not in the list keeps the handler it had.
 
         with PreemptionHandler() as preemption:
             for step in ...:
@@ -131,7 +132,7 @@ class PreemptionHandler:
     def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,), device: torch.device | None = None):
         self.signals = tuple(signals)
         self.device = device  # where the agreement's one-element tensor lives (cuda under NCCL)
-        self.received: int | None = None  # the signal seen by this rank, if any
+        self.received: int | None = None  # the last stop signal this rank has seen, if any
         self._previous: dict[int, Any] = {}
 
     @property
@@ -391,11 +392,16 @@ def run_resumable(train_step: Callable[[StepContext], None], model, optimizer, c
     than the one resumed (they failed verification) are set aside (set_aside_newer) before
     the first save, so that keep-last-k keeps this run's new checkpoints.
 
-    Checkpoints (training_state, progress {"step": steps done, **extra_progress()}) are
-    saved after every `every` steps, after the last step, and at the step boundary where
-    the ranks agree to stop on a signal (then the call returns with preempted=True). The
-    previous signal handlers are restored on return. on_resume(progress) is called after
-    loading a checkpoint (e.g. to put a sampler back at its position). Exceptions (a peer
-    died inside a collective) propagate: torchrun then restarts the group.
+    Checkpoints (training_state, progress {"step": steps done, **extra_progress()}, with
+    extra_progress() called when the checkpoint is taken) are saved after every `every`
+    steps, after the last step, and at the step boundary where the ranks agree to stop on
+    one of `signals` (PreemptionHandler): a signal that reaches one rank only stops every
+    rank at the same boundary, and every rank returns preempted=True with the same
+    steps_done, once that checkpoint is complete on disk (no rank reports the stop before
+    the writer has written). The previous signal handlers are restored on return.
+    on_resume(progress) is called once after loading a checkpoint, before the first step,
+    with the progress dict it holds (e.g. to put a sampler back at its position); not on a
+    fresh start. Exceptions (a peer died inside a collective) propagate: torchrun then
+    restarts the group.
     """
     raise NotImplementedError("TODO 4.2: the docstring's contract, composed from resume, set_aside_newer, PreemptionHandler and the injector (begin_step before each step, saving() around each save); see the module docstring's diagram")

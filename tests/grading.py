@@ -9,12 +9,14 @@ Three kinds of implementation can stand behind an exercise:
 A test asks for one exercise (`grade("1.2")`) and gets a picklable `ModuleRef` that
 ranks in other processes can load too. Loading a learner's module rebinds whatever it
 imported from *other* exercises' modules (of its own phase or of an earlier one) to the
-reference, so one unfinished exercise never fails the tests of another.
+reference, and gives it an `__import__` that does the same for the imports its functions
+run when called, so one unfinished exercise never fails the tests of another.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
 import importlib
 import importlib.util
@@ -107,7 +109,7 @@ class ModuleRef:
             module = importlib.import_module(f"solutions.{ex.phase}.{ex.module}")
         elif self.kind == "learner":
             package = _learner_package(Path(self.location), ex.phase)
-            module = importlib.import_module(f"{package}.{ex.module}")
+            module = _load_learner_module(package, ex.module)
             _use_reference_for_other_exercises(module)
         elif self.kind == "file":
             module = _load_file(Path(self.location))
@@ -175,6 +177,95 @@ def _use_reference_for_other_exercises(module: ModuleType) -> None:
             setattr(module, attr, ref_module)
         else:  # a helper the reference lacks stays the learner's
             setattr(module, attr, getattr(ref_module, value.__name__, value))
+
+
+_REDIRECTED: dict[str, ModuleType] = {}  # learner modules loaded by _load_learner_module
+
+
+def _load_learner_module(package: str, name: str) -> ModuleType:
+    """Import `<package>.<name>`, a learner's module, with an `__import__` of its own (its
+    `__builtins__`): an import that one of its functions runs when it is CALLED (`from
+    .checkpoint import load_verified`, `from phase4_production.checkpoint import ...` inside a
+    function) gets the reference of another exercise's module, as the imports of its module
+    body do (_use_reference_for_other_exercises), and never the learner's own, perhaps
+    unfinished, other exercise. The module itself is the learner's file, loaded once."""
+    full = f"{package}.{name}"
+    module = sys.modules.get(full)
+    if module is not None and _REDIRECTED.get(full) is module:
+        return module
+    spec = importlib.util.find_spec(full)
+    if spec is None:
+        raise ModuleNotFoundError(f"No module named {full!r}", name=full)
+    module = importlib.util.module_from_spec(spec)
+    # A function takes its builtins from its module's globals when it is defined, so they
+    # must be in place before the body runs.
+    module.__builtins__ = {**vars(builtins), "__import__": _reference_import(full)}
+    sys.modules[full] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(full, None)
+        raise
+    setattr(sys.modules[package], name, module)
+    _REDIRECTED[full] = module
+    return module
+
+
+def _reference_import(own: str):
+    """builtins.__import__, except that a module of a learner phase package other than `own`
+    (named absolutely, `phase4_production.checkpoint`, or relatively from `own`'s package,
+    `.checkpoint`, `from . import checkpoint`) is the reference's, `solutions.<phase>.<module>`,
+    where the reference has that module; `own` itself, named absolutely, is the module
+    being graded (not a second copy of its file)."""
+    mine = _PHASE_MODULE.match(own)
+    own_key = (mine["phase"], mine["module"]) if mine else None
+    real_import = builtins.__import__
+
+    def reference_for(target: str, fromlist) -> ModuleType | None:
+        match = _PHASE_MODULE.match(target)
+        if match is None:
+            return None
+        phase, module = match["phase"], match["module"]
+        if module is None:  # from <phase package> import a, b: each must be a module of the reference
+            if not fromlist or (own_key and own_key[0] == phase and own_key[1] in fromlist):
+                return None
+            package = _reference_module(f"solutions.{phase}")
+            if package is None or not all(hasattr(package, item) or _reference_module(f"solutions.{phase}.{item}")
+                                          for item in fromlist):
+                return None  # a module of the learner's own: theirs
+            return package
+        if (phase, module) == own_key:  # the graded module itself, not a second copy of its file
+            return sys.modules.get(own) if fromlist else None
+        reference = _reference_module(f"solutions.{phase}.{module}")
+        if reference is None:
+            return None
+        # `from x.y import z` gets x.y; `import x.y` binds x, whose attribute y is then used
+        return reference if fromlist else _reference_module(f"solutions.{phase}")
+
+    def __import__(name, globals=None, locals=None, fromlist=(), level=0):  # noqa: A001 - builtins' own name
+        target = name
+        if level:
+            package = (globals or {}).get("__package__")
+            if not package:
+                return real_import(name, globals, locals, fromlist, level)
+            try:
+                target = importlib.util.resolve_name("." * level + name, package)
+            except ImportError:
+                return real_import(name, globals, locals, fromlist, level)
+        reference = reference_for(target, fromlist)
+        return reference if reference is not None else real_import(name, globals, locals, fromlist, level)
+
+    return __import__
+
+
+def _reference_module(name: str) -> ModuleType | None:
+    """The reference module `name`, or None where the reference has no such module."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            raise
+        return None
 
 
 def _load_file(path: Path) -> ModuleType:

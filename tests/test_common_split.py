@@ -4,6 +4,8 @@ Not graded (it is given code, not an exercise): these tests check the repository
 """
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from common.split import balanced_ranges
 
@@ -28,5 +30,31 @@ def test_balanced_ranges_example_from_the_docstring():
 
 @pytest.mark.parametrize("num_items,num_parts", [(2, 3), (0, 1), (5, 0), (5, -1)])
 def test_balanced_ranges_rejects_impossible_splits(num_items, num_parts):
+    with pytest.raises(ValueError):
+        balanced_ranges(num_items, num_parts)
+
+
+_PROPERTY = settings(derandomize=True, database=None, deadline=None, max_examples=200)
+
+
+@_PROPERTY
+@given(num_items=st.integers(1, 200), num_parts=st.integers(1, 200))
+def test_balanced_ranges_any_split(num_items, num_parts):
+    """Any (items, parts): ValueError when a part would be empty, else contiguous non-empty parts in order,
+    sizes num_items // num_parts and one more for the first num_items % num_parts."""
+    if num_parts > num_items:
+        with pytest.raises(ValueError):
+            balanced_ranges(num_items, num_parts)
+        return
+    parts = balanced_ranges(num_items, num_parts)
+    size, extra = divmod(num_items, num_parts)
+    assert [len(part) for part in parts] == [size + 1] * extra + [size] * (num_parts - extra)
+    assert [i for part in parts for i in part] == list(range(num_items))
+    assert all(part.step == 1 for part in parts)
+
+
+@_PROPERTY
+@given(num_items=st.integers(-5, 50), num_parts=st.integers(-5, 0))
+def test_balanced_ranges_rejects_fewer_than_one_part(num_items, num_parts):
     with pytest.raises(ValueError):
         balanced_ranges(num_items, num_parts)

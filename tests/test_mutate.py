@@ -4,6 +4,7 @@ Fast: no mutant is run (the tool itself runs in CI: python tools/mutate.py --ci)
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 import sys
 
 import pytest
@@ -146,3 +147,46 @@ def test_real_exercise_mutants_and_the_checked_in_list_is_not_stale():
     entries = mutate.read_list()
     assert all(entry.reason for entry in entries.values())
     assert mutate._check_whole_list(entries) == []
+
+
+def test_variants_take_their_exercise_from_the_folder_or_the_file_and_their_kind_from_the_name(tmp_path):
+    (tmp_path / "3.2").mkdir()
+    (tmp_path / "3.2" / "wrong_a.py").write_text("from .ring import x\n")
+    (tmp_path / "3.2" / "correct_b.py").write_text("y = 1\n")
+    (tmp_path / "loose.py").write_text('EXERCISE = "1.2"\n')
+    found = {Path(m.change).name: m for m in mutate.variants_of([str(tmp_path)])}
+    assert {name: (m.exercise, m.operator) for name, m in found.items()} == {
+        "wrong_a.py": ("3.2", "wrong"), "correct_b.py": ("3.2", "correct"), "loose.py": ("1.2", "wrong")}
+    assert found["wrong_a.py"].file == "solutions/phase3_multi_node/bucketed_ddp.py"  # its original runs first
+    assert "from solutions.phase3_multi_node.ring import x" in found["wrong_a.py"].source
+    assert len({m.id for m in found.values()}) == 3
+    (tmp_path / "nowhere.py").write_text("z = 0\n")
+    with pytest.raises(SystemExit, match="no exercise"):
+        mutate.variants_of([str(tmp_path / "nowhere.py")])
+
+
+def test_variants_are_scored_as_caught_and_accepted():
+    rows = [{"exercise": "1.1", "operator": "wrong", "verdict": "killed"},
+            {"exercise": "1.1", "operator": "wrong", "verdict": "survived"},
+            {"exercise": "1.1", "operator": "wrong", "verdict": "harness"},
+            {"exercise": "1.1", "operator": "correct", "verdict": "survived"},
+            {"exercise": "1.1", "operator": "correct", "verdict": "killed"}]
+    assert mutate.report_variants(rows, ["1.1"])["1.1"] == {"wrong": 2, "caught": 1, "correct": 2, "accepted": 1,
+                                                            "harness": 1}
+
+
+def test_renumber_follows_a_change_that_moved_and_keeps_twins_in_order(tmp_path):
+    """An edit above a listed mutant moves its line; --renumber rewrites the id. Two entries
+    for the same change (the same text on two lines) keep their order."""
+    twice = SOURCE.replace("    total = xs.sum(dim=0) * 2\n", "    total = xs.sum(dim=0) * 2\n    other = xs.sum(dim=0) * 2\n")
+    before = _mutants(twice)
+    twins = [m for m in before if m.change == "xs.sum(dim=0) * 2 -> xs.sum(dim=0) / 2"]
+    assert len(twins) == 2
+    entries = {m.id: mutate.Entry(m.id, "equivalent", "why", i) for i, m in enumerate(twins)}
+    after = _mutants('"""A solution-like file, with one line more above."""\n' + twice)
+    moves = mutate.renumbered(entries, after)
+    assert moves == {old.id: old.id.replace(f":{old.line}:", f":{old.line + 1}:") for old in twins}
+    listing = tmp_path / "list.txt"
+    listing.write_text("# a comment\n" + "".join(f"{m.id} equivalent why\n" for m in twins))
+    mutate.update_list(moves, listing)
+    assert listing.read_text().splitlines()[1:] == [f"{moves[m.id]} equivalent why" for m in twins]

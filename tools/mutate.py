@@ -3,8 +3,11 @@
     python tools/mutate.py 1.1                    # every mutant of exercise 1.1 (one pytest session)
     python tools/mutate.py 1.3 2.1 --max 20       # a deterministic sample of 20 per exercise (--seed)
     python tools/mutate.py 1.1 --list [--diff]    # the mutants only, nothing run
+    python tools/mutate.py 2.6 --ids ID [ID...]   # just these mutants (e.g. the survivors of a run)
+    python tools/mutate.py 2.6 --renumber --list  # after an edit moved lines: fix the list's ids
     python tools/mutate.py --ci                   # CI: a fixed sample of phases 1-2 (see CI_PER_EXERCISE)
     python tools/mutate.py 1.1 --json out.json    # also every mutant's verdict as JSON
+    python tools/mutate.py --variants DIR         # whole-file variants written by hand (below)
 
 A mutant is the reference solution file of an exercise with ONE small change inside one of
 its `# EXERCISE x.y` regions (never outside them), made on Python's `ast`:
@@ -52,6 +55,14 @@ tools/mutants_equivalent.txt lists mutants by id, each with a kind and a one-lin
 real bug the tests do not catch yet, recorded so that CI can run while the tests are
 strengthened; it still counts as survived). An entry whose id no longer names a mutant is
 stale, as is a `survives` entry whose mutant is now killed: the run says so, and --ci fails.
+
+Variants: `--variants PATH...` runs whole files written by people instead of generated
+mutants, e.g. wrong solutions written from the guidelines by someone who has not read the
+tests, and correct alternatives. A file's exercise comes from a folder named after it
+(`DIR/3.2/wrong_x.py`) or from an `EXERCISE = "3.2"` line; a file whose name starts with
+`correct` is expected to pass every graded test, any other to be caught. Each runs exactly
+as a mutant does; the report counts wrong files caught and correct files accepted, per
+exercise. The list of equivalents plays no part.
 
 Why our own mutator and not mutmut or cosmic-ray (both maintained, both on PyPI: mutmut
 3.8, cosmic-ray 8.7): cosmic-ray writes each mutant over the module on disk and runs the
@@ -393,6 +404,51 @@ def sample(mutants: list[Mutant], most: int | None, seed: int) -> list[Mutant]:
     return [m for i, m in enumerate(mutants) if i in chosen]
 
 
+def variants_of(paths: list[str]) -> list[Mutant]:
+    """Whole-file variants (see the module docstring): one Mutant each, named after its
+    exercise's solution file (whose unmodified copy runs first), `operator` "correct" or "wrong",
+    `change` the variant's path."""
+    sys.path.insert(0, str(REPO_ROOT / "tests"))
+    import grading
+    files: list[Path] = []
+    for given in paths:
+        path = Path(given)
+        if not path.exists():
+            raise SystemExit(f"--variants: {given} does not exist")
+        files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    found = []
+    for path in files:
+        text = path.read_text()
+        exercise = path.parent.name if path.parent.name in grading.EXERCISES else None
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["EXERCISE"]:
+                exercise = ast.literal_eval(node.value)
+        if exercise not in grading.EXERCISES:
+            raise SystemExit(f"--variants: {path}: no exercise (put it in a folder named x.y, or set EXERCISE)")
+        ex = grading.EXERCISES[exercise]
+        solution = Path("solutions") / ex.phase / f"{ex.module}.py"
+        package = ".".join(solution.parent.parts)
+        source = _splice(text.encode(), _absolute_imports(text, package)).decode()
+        kind = "correct" if path.name.startswith("correct") else "wrong"
+        found.append(Mutant(exercise, str(solution), 0, kind, str(path),
+                            hashlib.sha1(f"{path.resolve()}\0{text}".encode()).hexdigest()[:8], source))
+    return found
+
+
+def report_variants(rows: list[dict], exercises: list[str]) -> dict:
+    """Per exercise: wrong variants caught, correct ones accepted (harness errors apart)."""
+    summary = {}
+    for ex in exercises:
+        mine = [r for r in rows if r["exercise"] == ex]
+        wrong = [r for r in mine if r["operator"] == "wrong" and r["verdict"] != "harness"]
+        correct = [r for r in mine if r["operator"] == "correct" and r["verdict"] != "harness"]
+        caught = sum(r["verdict"] in ("killed", "timed out") for r in wrong)
+        accepted = sum(r["verdict"] == "survived" for r in correct)
+        summary[ex] = {"wrong": len(wrong), "caught": caught, "correct": len(correct), "accepted": accepted,
+                       "harness": sum(r["verdict"] == "harness" for r in mine)}
+    return summary
+
+
 # ------------------------------------------------------------------ the list of equivalents
 
 
@@ -436,6 +492,39 @@ def stale_entries(entries: dict[str, Entry], mutants: list[Mutant]) -> list[str]
                 if (file, operator, digest) in moved else ""
             problems.append(f"{EQUIVALENT_LIST.name}:{entry.lineno}: {entry.id} names no mutant any more{hint}")
     return problems
+
+
+def renumbered(entries: dict[str, Entry], mutants: list[Mutant]) -> dict[str, str]:
+    """{old id: new id} for stale entries whose change (file, operator, hash) still exists at
+    other lines: an edit above it moved it. Entries that share a change are matched to its
+    mutants in line order; a change whose number of entries and mutants differ is left alone."""
+    now: dict[tuple, list[int]] = {}
+    for m in mutants:
+        now.setdefault((m.file, m.operator, m.digest), []).append(m.line)
+    ids = {m.id for m in mutants}
+    listed: dict[tuple, list[tuple[int, str]]] = {}
+    for entry in entries.values():
+        file, line, operator, digest = entry.id.split(":")
+        listed.setdefault((file, operator, digest), []).append((int(line), entry.id))
+    moves = {}
+    for key, olds in listed.items():
+        news = sorted(now.get(key, []))
+        if not news or len(news) != len(olds) or all(old in ids for _, old in olds):
+            continue
+        for (_, old), line in zip(sorted(olds), news):
+            if old not in ids:
+                moves[old] = f"{key[0]}:{line}:{key[1]}:{key[2]}"
+    return moves
+
+
+def update_list(moves: dict[str, str], path: Path = EQUIVALENT_LIST) -> None:
+    """Rewrite the ids `moves` names in the list file, leaving everything else as it is."""
+    lines = path.read_text().splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        first = line.split(None, 1)[0] if line.strip() and not line.lstrip().startswith("#") else None
+        if first in moves:
+            lines[i] = moves[first] + line[len(first):]
+    path.write_text("".join(lines))
 
 
 # ------------------------------------------------------------------ running the tests
@@ -799,7 +888,15 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"CI: {CI_PER_EXERCISE} mutants of each exercise of phases {CI_PHASES} that the list "
                              "does not call equivalent; fails on a survivor the list does not name, and on "
                              "stale entries")
+    parser.add_argument("--variants", nargs="+", metavar="PATH",
+                        help="run these whole-file variants (files, or folders of x.y/ subfolders) instead of "
+                             "mutants: wrong ones must be caught, correct*.py ones must pass")
+    parser.add_argument("--ids", nargs="+", metavar="ID",
+                        help="only the mutants with these ids (FILE:LINE:OPERATOR:HASH, as a run prints them)")
     parser.add_argument("--list", action="store_true", help="print the mutants, run nothing")
+    parser.add_argument("--renumber", action="store_true",
+                        help="rewrite the ids in tools/mutants_equivalent.txt whose line moved (an edit above "
+                             "them), for the files of the exercises named; run nothing")
     parser.add_argument("--diff", action="store_true", help="with --list: each mutant's diff")
     parser.add_argument("--json", metavar="PATH", help="also write every mutant and its verdict as JSON")
     parser.add_argument("--world-timeout", type=float,
@@ -821,6 +918,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs is None:
         args.jobs = 2 if args.ci else 1
 
+    if args.variants:
+        return main_variants(args)
     entries = read_list()
     if args.ci:
         exercises, most, seed = _exercises_of_phases(CI_PHASES), CI_PER_EXERCISE, CI_SEED
@@ -836,8 +935,19 @@ def main(argv: list[str] | None = None) -> int:
         candidates = generated[ex]
         if args.ci:  # CI's sample: mutants that must be killed (or are known to survive)
             candidates = [m for m in candidates if entries.get(m.id, Entry("", "", "", 0)).kind != "equivalent"]
+        if args.ids:
+            candidates = [m for m in candidates if m.id in args.ids]
         chosen += sample(candidates, most, seed)
     every = [m for ms in generated.values() for m in ms]
+    unknown = sorted(set(args.ids or ()) - {m.id for m in every})
+    if unknown:
+        parser.error(f"--ids: no mutant of {', '.join(exercises)} has the id(s) {', '.join(unknown)}")
+    if args.renumber:
+        moves = renumbered({k: e for k, e in entries.items() if e.id.split(":")[0] in {m.file for m in every}}, every)
+        update_list(moves)
+        for old, new in moves.items():
+            print(f"renumbered {old} -> {new}")
+        entries = read_list()
     stale = _check_whole_list(entries) if args.ci else stale_entries(entries, every)
 
     if args.list:
@@ -891,6 +1001,33 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print("\nmutation sample: every mutant killed or listed")
     return 0
+
+
+def main_variants(args) -> int:
+    """--variants: run each file as a mutant is run; report wrong ones caught, correct ones accepted."""
+    chosen = variants_of(args.variants)
+    exercises = sorted({m.exercise for m in chosen}, key=lambda ex: tuple(map(int, ex.split("."))))
+    started = time.time()
+    verdicts = run_mutants(chosen, args)
+    rows = []
+    for m in chosen:
+        status, why = verdicts[m.id]
+        rows.append({"exercise": m.exercise, "operator": m.operator, "file": m.change, "verdict": status, "why": why})
+        expected = status == "survived" if m.operator == "correct" else status in ("killed", "timed out")
+        label = "HARNESS" if status == "harness" else ("ok" if expected else "MISSED" if m.operator == "wrong"
+                                                        else "REJECTED")
+        print(f"{label:9} {m.operator:8} {status:10} {m.change}" + (f"  <- {_short(why, 140)}" if why else ""))
+    print()
+    summary = report_variants(rows, exercises)
+    for ex, c in summary.items():
+        print(f"{ex}: wrong caught {c['caught']} of {c['wrong']}, correct accepted {c['accepted']} of {c['correct']}"
+              + (f", {c['harness']} without a verdict" if c["harness"] else ""))
+    total = {k: sum(c[k] for c in summary.values()) for k in ("wrong", "caught", "correct", "accepted")}
+    print(f"all: wrong caught {total['caught']} of {total['wrong']}, correct accepted {total['accepted']} of "
+          f"{total['correct']}; {time.time() - started:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"exercises": summary, "variants": rows}, indent=2) + "\n")
+    return 0 if total["caught"] == total["wrong"] and total["accepted"] == total["correct"] else 1
 
 
 if __name__ == "__main__":

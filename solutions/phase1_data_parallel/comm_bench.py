@@ -94,29 +94,33 @@ def cost_terms(strategy: str, world_size: int) -> tuple[float, float]:
     """(a, b) such that an all-reduce of n bytes costs a * alpha + b * n * beta on p ranks.
 
     `strategy`: a key of STRATEGIES (1.2; reduce_broadcast with gloo's binomial-tree
-    broadcast), "ring" (reduce-scatter + all-gather) or "halving_doubling" (Rabenseifner,
-    p a power of two). (0, 0) for p = 1: nothing is sent.
+    broadcast), "ring" (reduce-scatter + all-gather) or "halving_doubling" (Rabenseifner;
+    for p not a power of two, the p - q ranks above the largest power of two q fold
+    into ranks 0..p-q-1 first and get the result back at the end, as in recursive
+    doubling: two more whole-message steps). (0, 0) for p = 1: nothing is sent.
+    ValueError for any other strategy, whatever p.
     """
     p = world_size
     if p < 1:
         raise ValueError(f"world_size must be >= 1, got {p}")
     # EXERCISE 1.3: count the latencies (a) and the n-byte transfers (b) on the critical path, as in the table of guidelines section 1.3; ValueError for an unknown strategy
+    if strategy not in (*STRATEGIES, "ring", "halving_doubling"):
+        raise ValueError(f"no cost model for strategy {strategy!r}")
     if p == 1:
         return 0.0, 0.0
     log_p = math.ceil(math.log2(p))
     q = 1 << (p.bit_length() - 1)  # largest power of two <= p
+    fold = 2 if p > q else 0  # fold into, and unfold from, ranks 0..q-1: two whole messages
     if strategy == "reduce_broadcast":
         return (p - 1) + log_p, (p - 1) + log_p
     if strategy == "gather_sum":
         return p - 1, p - 1
     if strategy == "recursive_doubling":
-        steps = math.log2(q) + (2 if p > q else 0)
+        steps = math.log2(q) + fold
         return steps, steps
     if strategy == "ring":
         return 2 * (p - 1), 2 * (p - 1) / p
-    if strategy == "halving_doubling":
-        return 2 * log_p, 2 * (p - 1) / p
-    raise ValueError(f"no cost model for strategy {strategy!r}")
+    return 2 * math.log2(q) + fold, 2 * (q - 1) / q + fold  # halving_doubling
     # END EXERCISE
 
 

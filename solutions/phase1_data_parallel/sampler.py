@@ -31,7 +31,11 @@ class ShardSampler(Sampler[int]):
         repeated to make them equal (drop_last=False);
       * together the shards cover the dataset (drop_last=False) or all but
         < world_size items (drop_last=True);
-      * the order depends only on (seed, epoch), never on the rank.
+      * the order depends only on (seed, epoch), never on the rank, nor on how often
+        the sampler was iterated (the epoch is 0 until set_epoch is called).
+
+    ValueError for a num_replicas that is not an integer >= 1 (2.0, "2" and None are
+    not), a rank outside [0, num_replicas) and an empty dataset.
     """
 
     def __init__(

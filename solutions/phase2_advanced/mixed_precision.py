@@ -62,6 +62,13 @@ class LossScaler:
     In a process group of several ranks the inf/nan check is agreed by all ranks
     (one all-reduce: MAX here; torch's ShardedGradScaler uses SUM, since any nonzero
     count means inf), so they skip the same steps and their replicas stay identical.
+
+    Any init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and growth_interval >= 1
+    behave as in GradScaler. A growth that would make the scale inf is not applied (the
+    tracker still restarts). The scale lives in `_scale` and the count of clean steps in
+    `_growth_tracker`: state_dict() saves both, and a scaler loaded from it goes on exactly
+    as the saved one would have. Gradients that are None (frozen or unused parameters) are
+    skipped.
     """
 
     def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0,

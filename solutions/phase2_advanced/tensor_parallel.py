@@ -56,7 +56,8 @@ def _per_rank(n: int, world: int, what: str) -> int:
 # Inside the "tensor-parallel region" each rank holds a shard; outside it every rank
 # holds the same full tensor. Each operator below is an autograd.Function whose
 # backward is the conjugate of its forward; `Op.apply(x, group)` communicates within
-# `group` (None: the default group), and backward returns (gradient of x, None).
+# `group` (None: the default group; `Op.apply(x)` alike), and backward returns (gradient of
+# x, None). Neither x nor the upstream gradient is modified: autograd may still use them.
 
 
 class CopyToTensorParallelRegion(torch.autograd.Function):

@@ -96,8 +96,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
     the same parameters in a backward (they run the same model). `step()` averages the
     gradients itself: do not wrap the model in DDP too.
 
-    Not supported (a one-line error): add_param_group after construction; loading a
-    state_dict saved by another rank or world size; a process group other than the world.
+    Not supported (a one-line error): add_param_group after construction (NotImplementedError);
+    loading a state_dict saved by another rank or world size (ValueError); a process group
+    other than the world. Raises TypeError unless optimizer_class is a torch.optim.Optimizer
+    subclass, and ValueError if no parameter requires a gradient.
     """
 
     def __init__(self, params: Iterable, optimizer_class: type[torch.optim.Optimizer], **defaults: Any):
@@ -230,7 +232,8 @@ class ZeroStage2(ShardedOptimizer):
     zeros to N * ceil(numel / N); this rank owns `self.shard[p]`, slice `rank` of it (a
     view too: stepping the slice steps p); `self.optim` steps this rank's slices, in the
     user's groups. The wrapped optimizer sees slices, so it must be element-wise
-    (a subclass of one of ELEMENTWISE; add yours to the tuple if it is); others are refused.
+    (a subclass of one of ELEMENTWISE; add yours to the tuple if it is); others are refused
+    with a ValueError at construction.
 
     Backward: a hook on each parameter fires once its gradient of this pass is accumulated
     (every use summed: a tied weight fires once); `_grad_ready` reduce-scatters it into the
@@ -400,7 +403,10 @@ class ZeroStage3:
     `shard` (my slice, a copy), `grad_shard`, and Adam's `exp_avg`, `exp_avg_sq`. Frozen
     parameters stay whole and unchanged. Use: zero_grad(), forward, backward (several
     accumulate), step(). Between steps the model's parameters have no storage: read them
-    with `full_state_dict()` (on every rank), not `model.state_dict()`.
+    with `full_state_dict()` (on every rank), not `model.state_dict()`. A unit's forward may
+    return a tensor or a tuple/list of tensors. Raises ValueError for what torch.optim.Adam
+    refuses (lr, eps or weight_decay < 0, betas outside [0, 1)), for parameters registered
+    on the root module, for a parameter shared by two units, and if none requires a gradient.
 
         forward pre-hook      _pre_forward     unshard (all-gather)
         forward hook          _post_forward    reshard (free); hook the output for backward

@@ -69,7 +69,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for every all-reduce, divides by world_size * k, then steps the wrapped
         optimizer: .grad = mean over ranks and passes;
       * a gradient computed more than k times before step() raises RuntimeError (from that
-        backward pass).
+        backward pass). The count starts again at every step() (synchronize()), not only
+        at this wrapper's zero_grad(): gradients may be cleared any way (model.zero_grad(),
+        p.grad = None, the wrapper's zero_grad()).
+      * synchronize() can be called before step(), to read or clip the averaged gradients
+        (Horovod's `synchronize(); clip_grad_norm_(...); step()`, where Horovod asks for
+        `with optimizer.skip_synchronize(): optimizer.step()`): step() then reduces nothing
+        again, since nothing reached a parameter after the synchronize().
 
     zero_grad, state_dict, load_state_dict, param_groups, state and defaults are the
     wrapped optimizer's, so LR schedulers and checkpoints work on the wrapper. Without an
@@ -133,7 +139,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # END EXERCISE
 
     def synchronize(self) -> None:
-        """Launch the all-reduces still missing, wait for all, and leave the mean in every .grad."""
+        """Launch the all-reduces still missing, wait for all, and leave the mean in every .grad;
+        the pass counts start again from 0."""
         # EXERCISE 3.5: launch the rest in the shared order (self._launch_in_order(everything=True)), wait for EVERY Work (its result is in .grad only after wait), divide by world_size * k, reset the pass counts and the launch position
         self._launch_in_order(everything=True)
         divisor = _world_size(self.group) * self.backward_passes_per_step
@@ -149,11 +156,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # END EXERCISE
 
     def step(self, closure=None):
-        """synchronize(), then the wrapped optimizer's step(). A closure would run backward
+        """synchronize() (unless it was called since the last backward pass: nothing is pending
+        and no pass counted), then the wrapped optimizer's step(). A closure would run backward
         inside step() and launch all-reduces behind the counts: not supported."""
         if closure is not None:
             raise ValueError("DistributedOptimizer.step() takes no closure; run backward before step()")
-        self.synchronize()
+        if self._pending or any(self._passes.values()):
+            self.synchronize()
         return self.optimizer.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -203,7 +212,9 @@ def broadcast_parameters(params, root_rank: int = 0, group=None) -> None:
 
     `params`: an nn.Module (its state_dict: parameters AND buffers), a dict name -> tensor
     (e.g. model.state_dict()), or an iterable of tensors; the same structure on every
-    rank. `root_rank` is a global rank. Does nothing without a process group.
+    rank. `root_rank` is a global rank, also when `group` is a subgroup (as dist.broadcast's
+    `src`): on the group of global ranks [1, 2], root_rank=1 is the group's rank 0. Does
+    nothing without a process group.
     """
     if _world_size(group) == 1:
         return
@@ -237,7 +248,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     state entry (Adam's `step` as the tensor it is, exp_avg, exp_avg_sq; SGD's
     momentum_buffer) and every param_group option (lr, betas, weight_decay...). It works
     when the receiving optimizers are fresh (empty state) and must not change the
-    parameters (no dummy step). `optimizer` may be a DistributedOptimizer. Bulk tensors
+    parameters (no dummy step). `optimizer` may be a DistributedOptimizer. `root_rank` is a
+    global rank, also when `group` is a subgroup (as in broadcast_parameters). Bulk tensors
     travel by broadcast on the device of their parameter, so the same code runs on NCCL.
     """
     if _world_size(group) == 1:

@@ -112,14 +112,15 @@ def build_groups(topology: Topology) -> NodeGroups:
 def hierarchical_all_reduce(tensor: torch.Tensor, groups: NodeGroups, op: str = "sum") -> torch.Tensor:
     """All-reduce `tensor` in place over the world and return it: equal to
     dist.all_reduce (op "sum"), or to it divided by the world size (op "avg", floating
-    dtypes). Any shape, dtype and numel (numel need not divide by the node size), on the
-    tensor's device. Only collectives on groups.intra and groups.inter; across nodes, only
+    dtypes). Any shape, numel (it need not divide by the node size) and dtype the backend
+    reduces (gloo in torch 2.14.1 refuses int16 and the float8 types, in dist.all_reduce
+    too), on the tensor's device. Only collectives on groups.intra and groups.inter; across nodes, only
     the shard of S/ranks_per_node elements this rank owns after the intra-node step.
     """
     if op not in ("sum", "avg"):
         raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
     if op == "avg" and not (tensor.is_floating_point() or tensor.is_complex()):
-        raise ValueError(f"op='avg' needs a floating dtype, got {tensor.dtype}")
+        raise TypeError(f"op='avg' needs a floating dtype, got {tensor.dtype} (use op='sum')")  # as 3.1's ring
     # EXERCISE 3.3: reduce-scatter in the node, all-reduce your shard across nodes, all-gather in the node (pad to a multiple of the node size)
     k, numel = groups.topology.ranks_per_node, tensor.numel()
     shard = math.ceil(numel / k)
@@ -156,7 +157,9 @@ def predict_seconds(nbytes: float, num_nodes: int, ranks_per_node: int, intra: L
 
       * a ring step lasts as long as its slowest hop; a flat ring in rank order has
         2(p-1) steps of nbytes/p, and when num_nodes > 1 some hop of every step crosses
-        nodes, through one rank's NIC;
+        nodes, through one rank's NIC. Its other hops stay inside a node (intra links;
+        none when ranks_per_node == 1), and whichever kind is slower sets the step: a
+        node's own links may be the slow ones;
       * hierarchical: reduce-scatter and all-gather inside nodes (k-1 steps of nbytes/k
         each, intra links), then a ring all-reduce of nbytes/k across nodes (2(N-1)
         steps of nbytes/(k N)) run by all k ranks of a node at once: they share
@@ -170,10 +173,12 @@ def predict_seconds(nbytes: float, num_nodes: int, ranks_per_node: int, intra: L
     if p == 1:
         return {"flat_ring": 0.0, "hierarchical": 0.0}
     chunk = nbytes / p
-    step = intra.alpha + chunk / intra.bandwidth
+    hops = []  # the time of each kind of hop the flat ring has
+    if k > 1:
+        hops.append(intra.alpha + chunk / intra.bandwidth)
     if n > 1:
-        step = max(step, inter.alpha + chunk / inter.bandwidth)
-    flat = 2 * (p - 1) * step
+        hops.append(inter.alpha + chunk / inter.bandwidth)
+    flat = 2 * (p - 1) * max(hops)
     in_node = 2 * (k - 1) * (intra.alpha + nbytes / k / intra.bandwidth)
     shared = inter.bandwidth * min(1.0, nics / k)
     across = 2 * (n - 1) * (inter.alpha + nbytes / (k * n) / shared)

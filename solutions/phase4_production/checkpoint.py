@@ -119,6 +119,9 @@ def training_state(model, optimizer, scheduler=None, scaler=None, progress: dict
 
     Returns {"model", "optimizer", "scheduler", "scaler", "progress", "rng"} where
     rng[r] is rank r's `capture_rng()` and len(rng) is the world size it was saved at.
+    `model` may be wrapped (DDP, or any wrapper that holds the model as `.module`):
+    "model" is then the state_dict of the module inside, with no "module." prefix, so
+    the checkpoint loads into a bare model (`load_state_dict`, strict) at any world size.
     """
     # EXERCISE 4.1: the six entries of the docstring; rng[r] is rank r's capture_rng() (dist.all_gather_object)
     rank, world = _rank_and_world()
@@ -139,7 +142,8 @@ def training_state(model, optimizer, scheduler=None, scaler=None, progress: dict
 
 def restore_training_state(state: dict, model, optimizer, scheduler=None, scaler=None) -> dict:
     """Load `state` (from training_state) into the given objects and this rank's RNG; returns
-    the progress dict. At another world size than the one saved, the ranks' RNG streams
+    the progress dict. `model` may be bare or wrapped (DDP, `.module`): the state goes into
+    the module inside. At another world size than the one saved, the ranks' RNG streams
     cannot continue bit-exactly: each rank then seeds its generators (python, numpy, torch)
     from (step, rank) alone, and rank 0 warns once (CheckpointWarning)."""
     # EXERCISE 4.1: the inverse of training_state; this rank's RNG entry, never rank 0's for everyone

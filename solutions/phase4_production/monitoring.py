@@ -237,6 +237,8 @@ def training_flops(model: torch.nn.Module, example: torch.Tensor) -> int:
 
 class StragglerDetector:
     """Per-rank phase times gathered every `every` steps, each rank scored against the median.
+    Each report covers its window only, the `every` steps since the previous report: the
+    sums start again from zero after every report (means and rates below are per window).
 
         report = detector.update(times)   # times: StepTimer.stop()'s dict; collective
         report is None, except every `every`-th call:
@@ -249,8 +251,9 @@ class StragglerDetector:
          "phases": {phase: [rank's mean seconds]},
          "stragglers": [{"rank", "host", "score", "busy_s", "excess_s", "phase"}]}
 
-    A rank is a straggler when busy_s > median * (1 + threshold) and busy_s - median >
-    min_excess_s (the floor keeps scheduler noise on millisecond steps from naming anyone);
+    A rank is a straggler when BOTH hold: busy_s > median * (1 + threshold) and busy_s -
+    median > min_excess_s (the floor keeps scheduler noise on millisecond steps from naming
+    anyone; the ratio keeps a small wobble of long steps from naming anyone);
     "phase" is where it lost the most time against the median. Busy time leaves out "comm":
     time in a collective is waiting for the slowest rank, so it is the others' slowness.
     The median, not the mean: one very slow rank drags the mean up and hides a second one.
@@ -315,8 +318,9 @@ class StragglerDetector:
 def memory_stats(device: torch.device | str | None = None) -> dict[str, int]:
     """Peak memory of this process, in bytes. On a CUDA device: {"peak_allocated_bytes"
     (tensors), "peak_reserved_bytes" (the caching allocator's segments)} since the last
-    torch.cuda.reset_peak_memory_stats; otherwise {"peak_rss_bytes"} (resident set, whole
-    process, since it started)."""
+    torch.cuda.reset_peak_memory_stats; otherwise {"peak_rss_bytes"} (the high-water mark
+    of the resident set, whole process, since it started: it does not drop when memory is
+    freed, unlike the current resident set, VmRSS)."""
     device = torch.device(device) if device is not None else torch.device("cpu")
     # EXERCISE 4.5: torch.cuda.max_memory_allocated/reserved on CUDA; else the peak RSS in bytes (ru_maxrss is KiB on Linux, bytes on macOS)
     if device.type == "cuda":
@@ -409,8 +413,9 @@ def training_profiler(folder: str | os.PathLike, rank: int = 0, wait: int = 10, 
                       active: int = 3, repeat: int = 1) -> torch.profiler.profile:
     """A torch.profiler.profile that records `active` steps after `wait` skipped and
     `warmup` (recorded, discarded) ones, `repeat` times (0: until the end), and writes
-    each recorded cycle to `folder` as a Chrome/Perfetto trace,
-    rank<rank>.<time_ns>.pt.trace.json. Call prof.step() at the end of every training
+    each recorded cycle to `folder` as a Chrome/Perfetto trace of its own,
+    rank<rank>.<time_ns>.pt.trace.json (one file per cycle and per rank: a later cycle,
+    or another rank writing to the same folder, never overwrites one). Call prof.step() at the end of every training
     step (the steps appear as ProfilerStep#<n> spans). CPU activity, plus CUDA when
     available."""
     # EXERCISE 4.5: torch.profiler.profile with a schedule(wait, warmup, active, repeat) and an on_trace_ready that writes the trace

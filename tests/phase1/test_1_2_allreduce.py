@@ -57,10 +57,30 @@ def _allreduce_rank(ref: grading.ModuleRef):
                 if problem:
                     problems.append(problem)
                 outputs[what.split(" on rank")[0]] = actual
+        # A view into a larger buffer (a gradient bucket, a flat parameter): the sum must land in the buffer,
+        # and nothing of the buffer outside the view may change.
+        gen = torch.Generator().manual_seed(77 + rank)
+        bucket = torch.randn(40, generator=gen)
+        untouched = bucket.clone()
+        view = bucket[5:22]
+        expected = view.clone()
+        dist.all_reduce(expected)
+        returned = fn(view)
+        what = f"{name}(a view of elements 5..21 of a 40-element buffer) on rank {rank} of {world}"
+        if returned is not view:
+            problems.append(f"{what}: must reduce the given tensor in place and return it")
+        problem = diff_report(bucket[5:22], expected, f"{what}: the buffer's elements 5..21")
+        if problem:
+            problems.append(f"{problem}; write the result into the tensor's own storage (copy_, add_), never "
+                            "rebind it (tensor.data = ..., tensor.set_(...)): views of it must see the sum")
+        outside = torch.cat([bucket[:5], bucket[22:]])
+        if not torch.equal(outside, torch.cat([untouched[:5], untouched[22:]])):
+            problems.append(f"{what}: elements of the buffer outside the view changed")
+        outputs[what.split(" on rank")[0]] = bucket[5:22].clone()
     return problems, outputs
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 6])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 6, 8])
 def test_1_2_strategies_equal_dist_all_reduce(grade, world_size):
     results = run_world(_allreduce_rank, world_size, args=(grade("1.2"),))
     problems = [p for rank_problems, _ in results for p in rank_problems]
@@ -103,3 +123,15 @@ def test_1_2_reduce_broadcast_honours_the_root(grade):
                     problems.append(f"allreduce_reduce_broadcast(root={root}) on rank {rank}: {name} with "
                                     f"{'root' if rooted else 'peer'} {peer}; every message goes to or from the root")
     assert_no_problems(problems, "reduce+broadcast must reduce to the `root` it is given (not always rank 0):")
+
+
+def test_allreduce_rejects_bad_op():
+    """Not graded (the checks are given code, outside the exercises): the errors 1.2 promises,
+    raised before any message is sent (no process group needed)."""
+    mod = grading.reference("1.2")
+    for name, fn in mod.STRATEGIES.items():
+        with pytest.raises(ValueError, match="op"):
+            fn(torch.ones(3), op="max")
+        for dtype in (torch.int64, torch.int32):
+            with pytest.raises(TypeError, match="avg"):
+                fn(torch.ones(3, dtype=dtype), op="avg")

@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
+from hypothesis import assume, given, settings, strategies as st
 from torch.overrides import TorchFunctionMode
 
 import grading
@@ -19,6 +20,24 @@ from common.measure import CollectiveLog
 
 
 SIZES = [1024.0 * 4**k for k in range(8)]  # 1 KiB .. 16 MiB
+# Property tests draw their cases from a fixed seed: a grading run is reproducible.
+PROPERTY_SETTINGS = dict(derandomize=True, database=None, deadline=None)
+STRATEGY_NAMES = ("reduce_broadcast", "gather_sum", "recursive_doubling", "ring", "halving_doubling")
+
+
+def expected_cost_terms(strategy: str, p: int) -> tuple[float, float]:
+    """(latency terms, byte terms) of each algorithm on p ranks, written out independently of the code graded
+    (guidelines 1.3, the table): q is the largest power of two <= p; recursive doubling and
+    Rabenseifner fold the p - q other ranks in and out (two whole-message steps)."""
+    if p == 1:
+        return 0, 0
+    log_p, q = math.ceil(math.log2(p)), 1 << (p.bit_length() - 1)
+    fold = 2 if p > q else 0
+    return {
+        "reduce_broadcast": (p - 1 + log_p, p - 1 + log_p), "gather_sum": (p - 1, p - 1),
+        "recursive_doubling": (math.log2(q) + fold, math.log2(q) + fold), "ring": (2 * (p - 1), 2 * (p - 1) / p),
+        "halving_doubling": (2 * math.log2(q) + fold, 2 * (q - 1) / q + fold),
+    }[strategy]
 
 
 def test_1_3_fit_alpha_beta_recovers_the_model(grade):
@@ -47,14 +66,7 @@ LINK_ALPHA, LINK_BETA = 20e-6, 0.25e-9  # one link: 20 us, 4 GB/s
 @pytest.mark.parametrize("world", [2, 3, 4, 6, 8])
 def test_1_3_link_alpha_beta_per_strategy(grade, world):
     mod = grade("1.3").load()
-    p = world
-    log_p, q = math.ceil(math.log2(p)), 1 << (p.bit_length() - 1)
-    doubling = math.log2(q) + (2 if p > q else 0)
-    counts = {  # (latency terms, byte terms) of each algorithm, written out independently of the code graded
-        "reduce_broadcast": (p - 1 + log_p, p - 1 + log_p), "gather_sum": (p - 1, p - 1),
-        "recursive_doubling": (doubling, doubling), "ring": (2 * (p - 1), 2 * (p - 1) / p),
-        "halving_doubling": (2 * log_p, 2 * (p - 1) / p),
-    }
+    counts = {strategy: expected_cost_terms(strategy, world) for strategy in STRATEGY_NAMES}
     for strategy, (a, b) in counts.items():
         times = [a * LINK_ALPHA + b * n * LINK_BETA for n in SIZES]
         found = mod.link_alpha_beta(strategy, world, SIZES, times)
@@ -64,9 +76,30 @@ def test_1_3_link_alpha_beta_per_strategy(grade, world):
             f"{strategy} on {world} ranks, timings generated from link alpha = 20 us, beta = 0.25 ns/byte "
             f"(T = {a:g} alpha + {b:.4g} n beta): recovered alpha = {alpha * 1e6:.4g} us, beta = {beta * 1e9:.4g} ns/byte; "
             f"cost_terms gave {mod.cost_terms(strategy, world)}, expected ({a:g}, {b:.4g})")
-    assert mod.link_alpha_beta("ring", 1, SIZES, [1e-6] * len(SIZES)) is None, "one rank sends nothing: no link to measure"
+    for strategy in STRATEGY_NAMES:
+        assert mod.link_alpha_beta(strategy, 1, SIZES, [1e-6] * len(SIZES)) is None, \
+            f"link_alpha_beta({strategy!r}, world=1): one rank sends nothing, there is no link to measure: expected None"
     with pytest.raises(ValueError):
         mod.cost_terms("no_such_strategy", world)
+
+
+def test_1_3_cost_terms_for_any_world_size(grade):
+    """For every strategy and p = 1 .. 4096: the table's (a, b); (0, 0) for p = 1; a ValueError
+    for any other strategy name, for every p (p = 1 included: a typo is no cost model)."""
+    mod = grade("1.3").load()
+    for p in [*range(1, 70), 96, 127, 128, 129, 1000, 1024, 1025, 4095, 4096]:
+        for strategy in STRATEGY_NAMES:
+            got, (a, b) = mod.cost_terms(strategy, p), expected_cost_terms(strategy, p)
+            assert len(got) == 2 and got[0] == pytest.approx(a, rel=1e-12) and got[1] == pytest.approx(b, rel=1e-12), (
+                f"cost_terms({strategy!r}, {p}) = {got}, expected ({a:g}, {b:.6g}) (guidelines 1.3, the table; "
+                f"q = {1 << (p.bit_length() - 1)} is the largest power of two <= p)")
+        for bad in ("no_such_strategy", "torch_all_reduce", "Ring", ""):
+            try:
+                got = mod.cost_terms(bad, p)
+            except ValueError:
+                continue
+            pytest.fail(f"cost_terms({bad!r}, {p}) returned {got}; an unknown strategy must raise ValueError for every "
+                        "world size, p = 1 included")
 
 
 def test_1_3_bandwidths_follow_nccl_tests(grade):
@@ -78,6 +111,51 @@ def test_1_3_bandwidths_follow_nccl_tests(grade):
     algbw, busbw = mod.bandwidths(10.0, 4.0, 3)  # numbers that do not divide evenly: 2.5 B/s, 2.5 * 4/3 B/s
     assert algbw == pytest.approx(2.5) and busbw == pytest.approx(10 / 3), \
         f"bandwidths(10 B, 4 s, 3 ranks): expected algbw 2.5, busbw {10 / 3:.6g} B/s; got {algbw:.6g}, {busbw:.6g}"
+
+
+def test_1_3_bandwidths_and_fit_for_any_numbers(grade):
+    """Any size, time and world size: algbw = S/t, busbw = algbw * 2(p-1)/p. Any link (alpha, beta),
+    any sizes (ints or floats, unsorted, repeated) spanning the point where alpha = beta * n: a fit
+    of exact timings gives them back, and link_alpha_beta gives back the link for every strategy."""
+    mod = grade("1.3").load()
+
+    @settings(max_examples=150, **PROPERTY_SETTINGS)
+    @given(size=st.floats(1.0, 1e12), seconds=st.floats(1e-7, 1e3), p=st.integers(1, 4096))
+    def check_bandwidths(size, seconds, p):
+        algbw, busbw = mod.bandwidths(size, seconds, p)
+        assert algbw == pytest.approx(size / seconds, rel=1e-9) and busbw == pytest.approx(
+            size / seconds * 2 * (p - 1) / p, rel=1e-9, abs=0), (
+            f"bandwidths({size!r} B, {seconds!r} s, {p} ranks) = ({algbw!r}, {busbw!r}), expected "
+            f"({size / seconds!r}, {size / seconds * 2 * (p - 1) / p!r})")
+
+    @settings(max_examples=100, **PROPERTY_SETTINGS)
+    @given(alpha=st.floats(1e-7, 1e-2), beta=st.floats(1e-12, 1e-8), p=st.integers(1, 64),
+           strategy=st.sampled_from(STRATEGY_NAMES), ints=st.booleans(), data=st.data())
+    def check_fit(alpha, beta, p, strategy, ints, data):
+        knee = alpha / beta  # where latency and transfer weigh the same: the sizes must span it
+        low = data.draw(st.floats(1.0, knee / 2), label="smallest size")
+        high = data.draw(st.floats(knee * 2, knee * 1e4), label="largest size")
+        sizes = [low, high] + data.draw(st.lists(st.floats(low, high), max_size=6), label="other sizes")
+        sizes = data.draw(st.permutations(sizes), label="order")
+        if ints:
+            sizes = [round(n) for n in sizes]
+        assume(len(set(sizes)) >= 2)
+        exact = [alpha + beta * n for n in sizes]
+        got = mod.fit_alpha_beta(sizes, exact)
+        assert got[0] == pytest.approx(alpha, rel=1e-6) and got[1] == pytest.approx(beta, rel=1e-6), (
+            f"fit_alpha_beta(sizes={sizes}, exact timings of alpha={alpha!r} s + beta={beta!r} s/byte * n) = {got}")
+        a, b = expected_cost_terms(strategy, p)
+        link = mod.link_alpha_beta(strategy, p, sizes, [a * alpha + b * beta * n for n in sizes])
+        if p == 1:
+            assert link is None, f"link_alpha_beta({strategy!r}, world=1, ...) = {link}: one rank sends nothing, expected None"
+        else:
+            assert link is not None and link[0] == pytest.approx(alpha, rel=1e-6) and \
+                link[1] == pytest.approx(beta, rel=1e-6), (
+                    f"link_alpha_beta({strategy!r}, world={p}, sizes={sizes}, timings of a link alpha={alpha!r}, "
+                    f"beta={beta!r} through T = {a:g} alpha + {b:.6g} n beta) = {link}")
+
+    check_bandwidths()
+    check_fit()
 
 
 class FakeClock:
@@ -94,20 +172,29 @@ class FakeClock:
         self.now += self.step
 
 
+TIMING_CALLS = [(5, 3), (1, 0), (2, 1)]  # (iters, warmup) of successive calls in one process
+
+
 def _timing_rank(ref: grading.ModuleRef):
     mod = ref.load()
-    clock = FakeClock(step=1e-3 * (dist.get_rank() + 1))  # rank r takes (r+1) ms per call
-    seconds = mod.time_collective(clock.work, torch.zeros(4), iters=5, warmup=3, clock=clock)
-    return seconds, clock.calls
+    out = []
+    for iters, warmup in TIMING_CALLS:
+        clock = FakeClock(step=1e-3 * (dist.get_rank() + 1))  # rank r takes (r+1) ms per call
+        clock.now = 1e3 * dist.get_rank()  # the clocks of different ranks need not agree on the time of day
+        seconds = mod.time_collective(clock.work, torch.zeros(4), iters=iters, warmup=warmup, clock=clock)
+        out.append((seconds, clock.calls))
+    return out
 
 
 def test_1_3_time_collective_reports_the_slowest_rank(grade):
     results = run_world(_timing_rank, 3, args=(grade("1.3"),))
-    for rank, (seconds, calls) in enumerate(results):
-        assert calls == 8, f"rank {rank}: fn ran {calls} times, expected warmup + iters = 3 + 5"
-        assert seconds == pytest.approx(3e-3), (
-            f"rank {rank} reported {seconds * 1e3:.4g} ms per call; the slowest rank takes 3 ms per timed "
-            "call (warmup excluded), and every rank must report that maximum")
+    for rank, calls_of_rank in enumerate(results):
+        for (iters, warmup), (seconds, calls) in zip(TIMING_CALLS, calls_of_rank):
+            what = f"rank {rank}, time_collective(iters={iters}, warmup={warmup})"
+            assert calls == iters + warmup, f"{what}: fn ran {calls} times, expected warmup + iters = {warmup + iters}"
+            assert seconds == pytest.approx(3e-3), (
+                f"{what} reported {seconds * 1e3:.4g} ms per call; the slowest rank takes 3 ms per timed "
+                "call (warmup excluded), and every rank must report that maximum")
 
 
 class MeetingClock:
@@ -235,3 +322,19 @@ def test_comm_bench_never_prints_a_negative_bandwidth():
         text = describe_fit(alpha, beta)
         assert "unreliable" in text and "GB/s" not in text, f"describe_fit({alpha}, {beta}) = {text!r}"
     assert "GB/s" in describe_fit(1e-5, 1e-9)
+
+
+def test_comm_bench_rejects_bad_arguments():
+    """Not graded (the checks are given code, outside the exercises): every ValueError the
+    docstrings and guidelines 1.3 promise, on every documented kind of bad input."""
+    mod = grading.reference("1.3")
+    for sizes, seconds in (([1024.0, 2048.0], [1e-3]), ([1024.0], [1e-3]), ([1024.0, 1024.0], [1e-3, 2e-3]),
+                           ([], []), ([1024.0, 2048.0], [1e-3, 0.0]), ([1024.0, 2048.0], [-1e-3, 1e-3])):
+        with pytest.raises(ValueError):
+            mod.fit_alpha_beta(sizes, seconds)
+    for iters, warmup in ((0, 2), (-1, 0), (3, -1)):
+        with pytest.raises(ValueError):
+            mod.time_collective(lambda t: None, torch.zeros(1), iters=iters, warmup=warmup, clock=lambda: 0.0)
+    for p in (0, -1):
+        with pytest.raises(ValueError):
+            mod.cost_terms("ring", p)

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 import grading
 from compare import assert_no_problems, diff_report, state_dict_problems
@@ -45,6 +46,73 @@ def test_1_4_broadcast_parameters_and_buffers(grade):
     assert_no_problems(problems, "after broadcast_parameters every rank must hold rank src's parameters and buffers")
 
 
+class ManyKinds(nn.Module):
+    """Every kind of state a model may hold: a frozen parameter, a weight tied between two
+    layers (one Parameter), a buffer left out of the state_dict (persistent=False), an
+    integer buffer, and a submodule reached through a ModuleDict. Forward takes a keyword."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = nn.Linear(64, 16)
+        self.layers = nn.ModuleDict({"mid": nn.Linear(16, 16), "frozen": nn.Linear(16, 16)})
+        self.layers["frozen"].requires_grad_(False)
+        self.head = nn.Linear(16, 16, bias=False)
+        self.tied = nn.Linear(16, 16, bias=False)
+        self.tied.weight = self.head.weight  # one Parameter used by two layers
+        self.out = nn.Linear(16, 10)
+        self.register_buffer("scale", torch.rand(16) + 0.5, persistent=False)
+        self.register_buffer("steps", torch.randint(0, 100, (3,)))
+
+    def forward(self, x, *, extra: bool = True):
+        h = torch.tanh(self.embed(x.flatten(1))) * self.scale
+        h = torch.tanh(self.layers["mid"](h)) + self.layers["frozen"](h)
+        h = torch.tanh(self.head(h)) + (self.tied(h) if extra else 0)
+        return self.out(h)
+
+
+def _tensors(model: nn.Module) -> dict:
+    """Every parameter and buffer by name, persistent or not (what state_dict() leaves out included)."""
+    return {**dict(model.named_parameters()), **{f"buffer {k}": v for k, v in model.named_buffers()}}
+
+
+def _broadcast_kinds_rank(ref: grading.ModuleRef):
+    mod = ref.load()
+    rank = dist.get_rank()
+    out = {}
+    for src in (1, 0):
+        model = ManyKinds(seed=10 * rank + src)
+        before = {k: v.detach().clone() for k, v in _tensors(model).items()}
+        where = {k: (id(v), v.data_ptr()) for k, v in _tensors(model).items()}
+        mod.broadcast_parameters(model, src=src)
+        after = _tensors(model)
+        moved = [k for k, v in after.items() if (id(v), v.data_ptr()) != where.get(k)]
+        untied = model.tied.weight is not model.head.weight
+        out[src] = (before, {k: v.detach().clone() for k, v in after.items()}, moved, untied,
+                    model.layers["frozen"].weight.requires_grad)
+    return out
+
+
+def test_1_4_broadcast_reaches_every_kind_of_state_in_place(grade):
+    results = run_world(_broadcast_kinds_rank, 3, args=(grade("1.4"),))
+    problems = []
+    for src in (1, 0):
+        expected = results[src][src][0]
+        for rank in range(3):
+            _, after, moved, untied, frozen_requires_grad = results[rank][src]
+            what = f"broadcast_parameters(src={src}) on rank {rank}:"
+            problems += state_dict_problems(after, expected, what, 0, 0)
+            if moved:
+                problems.append(f"{what} {', '.join(moved)} now live in other tensors or storage: broadcast into the "
+                                "model's own tensors, in place (an optimizer, a tied layer or a flat buffer holds them)")
+            if untied:
+                problems.append(f"{what} the tied weight (one Parameter of two layers) became two tensors")
+            if frozen_requires_grad:
+                problems.append(f"{what} the frozen parameter now requires grad")
+    assert_no_problems(problems, "every parameter (frozen and tied ones too) and every buffer (the non-persistent and "
+                                 "integer ones too) must end equal to rank src's, written in place:")
+
+
 GLOBAL_BATCH = 10
 
 
@@ -77,6 +145,106 @@ def test_1_4_sync_gradients_equals_full_batch_gradient(grade, splits):
         problems += state_dict_problems(grads, expected, f"rank {rank} (local batch {splits[rank]}) gradient of")
     assert_no_problems(problems, f"with local batches {splits}, synced gradients must equal the gradient of the mean loss "
                                  "over all 10 samples (weight each rank by its sample count)")
+
+
+KINDS_SPLITS = [6, 1, 3]  # 10 samples
+
+
+def _kinds_loss(model, inputs, targets, first, n):
+    return F.cross_entropy(model(inputs[first:first + n], extra=True), targets[first:first + n])
+
+
+def _sync_kinds_rank(ref: grading.ModuleRef):
+    mod = ref.load()
+    rank = dist.get_rank()
+    inputs, targets = _batch()
+    model = ManyKinds()
+    _kinds_loss(model, inputs, targets, sum(KINDS_SPLITS[:rank]), KINDS_SPLITS[rank]).backward()
+    with CollectiveLog(also_in=(mod,)) as log:
+        mod.sync_gradients(model, KINDS_SPLITS[rank])
+    calls = [(c.name, c.numel) for c in log.calls]
+    single = _OneWeight()
+    _kinds_loss(single, inputs, targets, sum(KINDS_SPLITS[:rank]), KINDS_SPLITS[rank]).backward()
+    mod.sync_gradients(single, KINDS_SPLITS[rank])
+    return ({name: None if p.grad is None else p.grad.clone() for name, p in model.named_parameters()}, calls,
+            single.linear.weight.grad.clone())
+
+
+class _OneWeight(nn.Module):
+    """The smallest model: a single trainable tensor (a Linear without bias)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.linear = nn.Linear(64, 10, bias=False)
+
+    def forward(self, x, *, extra: bool = True):
+        return self.linear(x.flatten(1))
+
+
+def test_1_4_sync_gradients_with_frozen_and_tied_parameters(grade):
+    """A frozen parameter keeps .grad None (a zero gradient would let weight decay or momentum
+    move it); a weight shared by two layers is one parameter, synced once."""
+    results = run_world(_sync_kinds_rank, 3, args=(grade("1.4"),))
+    model, (inputs, targets) = ManyKinds(), _batch()
+    _kinds_loss(model, inputs, targets, 0, GLOBAL_BATCH).backward()
+    expected = {name: p.grad for name, p in model.named_parameters()}
+    single = _OneWeight()
+    _kinds_loss(single, inputs, targets, 0, GLOBAL_BATCH).backward()
+    problems = []
+    for rank, (grads, calls, single_grad) in enumerate(results):
+        problems += state_dict_problems({"weight": single_grad}, {"weight": single.linear.weight.grad},
+                                        f"rank {rank}, a model whose only parameter is one Linear weight:")
+        what = f"rank {rank} (local batch {KINDS_SPLITS[rank]})"
+        for name, grad in grads.items():
+            if expected[name] is None and grad is not None:
+                problems.append(f"{what}: {name} is frozen (requires_grad=False), but has a .grad after sync_gradients; "
+                                "leave frozen parameters alone")
+            elif expected[name] is not None:
+                problems += state_dict_problems({name: grad}, {name: expected[name]}, f"{what} gradient of") \
+                    if grad is not None else [f"{what}: {name} has no gradient after sync_gradients"]
+        if calls != results[0][1]:
+            problems.append(f"{what} made the collectives {calls}, rank 0 made {results[0][1]}")
+    assert_no_problems(problems, f"with local batches {KINDS_SPLITS}, a frozen layer and a weight tied between two "
+                                 "layers, the synced gradients must equal the gradient of the mean loss over all 10 "
+                                 "samples:")
+
+
+class _HostReads(TorchFunctionMode):
+    """Records every call that copies a tensor's value to the host (the CPU then waits for the device)."""
+
+    NAMES = {"item", "tolist", "numpy", "cpu", "__float__", "__int__", "__bool__", "__index__", "__complex__"}
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in self.NAMES or name == "to" and any(str(a) == "cpu" for a in [*args[1:], *(kwargs or {}).values()]):
+            self.seen.append(f"Tensor.{name}")
+        return func(*args, **(kwargs or {}))
+
+
+def _host_sync_rank(ref: grading.ModuleRef):
+    mod = ref.load()
+    rank = dist.get_rank()
+    inputs, targets = _batch()
+    n, start = (6, 0) if rank == 0 else (4, 6)
+    model = build_model("mlp", (1, 8, 8), 10, seed=0)
+    F.cross_entropy(model(inputs[start:start + n]), targets[start:start + n]).backward()
+    with _HostReads() as reads:
+        mod.sync_gradients(model, n)
+    return reads.seen
+
+
+def test_1_4_sync_gradients_never_waits_for_the_device(grade):
+    results = run_world(_host_sync_rank, 2, args=(grade("1.4"),))
+    for rank, seen in enumerate(results):
+        assert not seen, (
+            f"rank {rank}: sync_gradients read tensor values on the host ({', '.join(sorted(set(seen)))}): on a GPU the "
+            "CPU waits there for all queued work, at every call. Keep the weight n_r / N a tensor on the device "
+            "(weight = n / count[0]) and multiply by it; no .item(), float(), int() or comparison of a tensor in an if")
 
 
 class _Desync(Exception):
@@ -203,6 +371,8 @@ def _train_step_rank(ref: grading.ModuleRef):
     model = build_model("mlp", (1, 8, 8), 10, seed=100 + rank)  # replicas start different on purpose
     mod.broadcast_parameters(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    for param in model.parameters():  # stale gradients (an earlier backward, say): the step must not add them in
+        param.grad = torch.full_like(param, 1.0 + rank)
     losses = []
     for inputs, targets in _steps_batches():
         part = slice(0, 4) if rank == 0 else slice(4, 7)  # uneven: 4 + 3 samples
@@ -229,6 +399,31 @@ def test_1_4_train_step_matches_single_process(grade):
     assert_no_problems(problems, "2 ranks (4 + 3 samples per step) must take exactly the steps of one process on all 7 samples")
 
 
+class _OnAnotherDevice(torch.Tensor):
+    """A batch the loader made on another device than the model's, as host batches are when the
+    model is on a GPU: CPU data that says it lives on cuda:0. An op that mixes it with a tensor
+    of the model's device fails, as on real hardware; `.to(device)` (or `.cpu()`) brings it over."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name, owner = getattr(func, "__name__", ""), getattr(func, "__self__", None)
+        if name == "__get__" and owner is torch.Tensor.device:
+            return torch.device("cuda", 0)
+        if name == "__get__" and owner is torch.Tensor.is_cuda:
+            return True
+        moves = func is torch.Tensor.cpu or func is torch.Tensor.to and (
+            "device" in kwargs or any(isinstance(a, (torch.device, str, int)) for a in args[1:]))
+        if moves:
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs).as_subclass(torch.Tensor).clone()
+        tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if any(type(t) is not cls for t in tensors):
+            raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
+                               f"cuda:0 and cpu! ({name or func}: a batch still on the loader's device met the model's)")
+        return super().__torch_function__(func, types, args, kwargs)
+
+
 def _evaluate_rank(ref: grading.ModuleRef):
     mod = ref.load()
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -236,7 +431,17 @@ def _evaluate_rank(ref: grading.ModuleRef):
     model = build_model("mlp", (1, 8, 8), 10, seed=0)  # untrained: its accuracy differs shard to shard
     shard = torch.utils.data.Subset(test, range(rank, len(test), world))
     loader = torch.utils.data.DataLoader(shard, batch_size=16)
-    return mod.evaluate(model, loader, torch.device("cpu"))
+    accuracy = mod.evaluate(model, loader, torch.device("cpu"))
+    # The same shard, batched on "another device": evaluate must bring each batch to `device`.
+    x, y = (t[list(shard.indices)] for t in test.tensors)
+    elsewhere = torch.utils.data.TensorDataset(x.as_subclass(_OnAnotherDevice), y.as_subclass(_OnAnotherDevice))
+    try:
+        moved = mod.evaluate(model, torch.utils.data.DataLoader(elsewhere, batch_size=16), torch.device("cpu"))
+    except RuntimeError as exc:
+        if "same device" not in str(exc):
+            raise
+        moved = str(exc)
+    return accuracy, moved
 
 
 def test_1_4_evaluate_counts_every_rank(grade):
@@ -247,10 +452,19 @@ def test_1_4_evaluate_counts_every_rank(grade):
     with torch.no_grad():
         x, y = test.tensors
         expected = (model(x).argmax(1) == y).double().mean().item()
-    for rank, accuracy in enumerate(results):
+    for rank, (accuracy, moved) in enumerate(results):
         assert accuracy == pytest.approx(expected, abs=1e-9), (
             f"rank {rank} reported accuracy {accuracy:.4f}; over all {len(test)} test samples "
             f"(split across {world} ranks) it is {expected:.4f}: sum correct and total counts over ranks")
+        assert not isinstance(moved, str), (
+            f"rank {rank}: the loader's batches live on another device than the model (as host batches do when the "
+            f"model is on a GPU), and evaluate used them there: {moved}. Move each batch to `device` first "
+            "(inputs.to(device), targets.to(device))")
+        assert moved == pytest.approx(expected, abs=1e-9), \
+            f"rank {rank}: with the batches brought from another device, accuracy {moved:.4f}, expected {expected:.4f}"
+
+
+UNEVEN_SHARDS = [[0, 200, 300, 360], [0, 250, 360, 360]]  # 200 + 100 + 60, then 250 + 110 + none at all
 
 
 def _uneven_evaluate_rank(ref: grading.ModuleRef):
@@ -258,9 +472,11 @@ def _uneven_evaluate_rank(ref: grading.ModuleRef):
     rank = dist.get_rank()
     test = load_digits("test")
     model = build_model("mlp", (1, 8, 8), 10, seed=0)
-    bounds = [0, 200, 300, len(test)]  # shards of 200, 100 and 60 samples
-    shard = torch.utils.data.Subset(test, range(bounds[rank], bounds[rank + 1]))
-    return mod.evaluate(model, torch.utils.data.DataLoader(shard, batch_size=32), torch.device("cpu"))
+    out = []
+    for bounds in UNEVEN_SHARDS:  # the same model and the same function, twice
+        shard = torch.utils.data.Subset(test, range(bounds[rank], bounds[rank + 1]))
+        out.append(mod.evaluate(model, torch.utils.data.DataLoader(shard, batch_size=32), torch.device("cpu")))
+    return out
 
 
 def test_1_4_evaluate_weights_shards_by_their_size(grade):
@@ -270,13 +486,16 @@ def test_1_4_evaluate_weights_shards_by_their_size(grade):
     with torch.no_grad():
         correct = (model(test.tensors[0]).argmax(1) == test.tensors[1]).double()
     expected = correct.mean().item()
+    for call, bounds in enumerate(UNEVEN_SHARDS):
+        sizes = [b - a for a, b in zip(bounds, bounds[1:])]
+        for rank, accuracies in enumerate(results):
+            accuracy = accuracies[call]
+            assert accuracy == pytest.approx(expected, abs=1e-9), (
+                f"shards of {sizes} samples (evaluate call {call + 1} on the same model), rank {rank} reported accuracy "
+                f"{accuracy:.4f}; the accuracy over all 360 is {expected:.4f}: sum the correct and total counts over "
+                "ranks, then divide (a rank with no sample adds 0 to both, and still joins the all-reduce)")
     mean_of_shards = sum(correct[a:b].mean().item() for a, b in ((0, 200), (200, 300), (300, 360))) / 3
     assert abs(mean_of_shards - expected) > 1e-3  # the test distinguishes the two
-    for rank, accuracy in enumerate(results):
-        assert accuracy == pytest.approx(expected, abs=1e-9), (
-            f"rank {rank} reported accuracy {accuracy:.4f}; with shards of 200, 100 and 60 samples the accuracy over "
-            f"all 360 is {expected:.4f} (the mean of the three shards' accuracies would be {mean_of_shards:.4f}): "
-            "sum the correct and total counts over ranks, then divide")
 
 
 def _regularised_model() -> nn.Module:
@@ -293,7 +512,10 @@ def _eval_mode_rank(ref: grading.ModuleRef):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     shard = torch.utils.data.Subset(test, range(rank, len(test), world))
     accuracy = mod.evaluate(model, torch.utils.data.DataLoader(shard, batch_size=32), torch.device("cpu"))
-    return accuracy, model.training, before, {k: v.clone() for k, v in model.state_dict().items()}
+    training = model.training
+    model.eval()  # handed over in eval mode, it must come back in eval mode
+    again = mod.evaluate(model, torch.utils.data.DataLoader(shard, batch_size=32), torch.device("cpu"))
+    return accuracy, training, before, {k: v.clone() for k, v in model.state_dict().items()}, again, model.training
 
 
 def test_1_4_evaluate_runs_the_model_in_eval_mode(grade):
@@ -302,7 +524,7 @@ def test_1_4_evaluate_runs_the_model_in_eval_mode(grade):
     model = _regularised_model().eval()
     with torch.no_grad():
         expected = (model(test.tensors[0]).argmax(1) == test.tensors[1]).double().mean().item()
-    for rank, (accuracy, training, before, after) in enumerate(results):
+    for rank, (accuracy, training, before, after, again, still_training) in enumerate(results):
         assert accuracy == pytest.approx(expected, abs=1e-9), (
             f"rank {rank}: accuracy {accuracy:.4f} of a model with BatchNorm and dropout; in eval mode it is "
             f"{expected:.4f}: call model.eval() before predicting (train mode drops units at random and "
@@ -310,6 +532,10 @@ def test_1_4_evaluate_runs_the_model_in_eval_mode(grade):
         assert_no_problems(state_dict_problems(after, before, f"rank {rank}: after evaluate,", 0, 0),
                            "evaluate changed the model's state (BatchNorm running statistics are updated in train mode)")
         assert training, f"rank {rank}: evaluate left the model in eval mode; restore the mode it found (training went on)"
+        assert again == pytest.approx(expected, abs=1e-9), \
+            f"rank {rank}: a second evaluate of the same model, handed over in eval mode, gave {again:.4f}, not {expected:.4f}"
+        assert not still_training, (f"rank {rank}: evaluate of a model handed over in eval mode left it in train mode; "
+                                    "restore the mode it found (model.train(was_training)), not always train mode")
 
 
 def _end_to_end_rank(ref: grading.ModuleRef):

@@ -6,10 +6,14 @@ Run them with `python tests/test_phase2.py -k 2_1` (your code) or
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
 
 import grading
 from compare import assert_no_problems, state_dict_problems
@@ -19,6 +23,8 @@ from common.models import build_model
 
 
 ACCUM_STEPS, ACCUM_LR = 2, 0.1
+# Property tests draw their cases from a fixed seed: a grading run is reproducible.
+PROPERTY_SETTINGS = dict(derandomize=True, database=None, deadline=None)
 # (local batch of rank 0, of rank 1, micro-batch size). Rank 1 always has fewer samples, so
 # the n_r weighting matters; the last micro-batch is smaller in most cases.
 ACCUM_CASES = [
@@ -150,6 +156,52 @@ def test_2_1_sync_is_decided_at_forward_like_ddp(grade):
     sync.backward(F.cross_entropy(sync(inputs), targets), 4)
     assert synced == [4, 4], "forward and backward outside no_sync() again: backward must sync"
 
+    with sync.no_sync():
+        quiet = F.cross_entropy(sync(inputs), targets)  # decided: no sync
+    loud = F.cross_entropy(sync(inputs), targets)  # decided: sync
+    sync.backward(loud, 4)
+    sync.backward(quiet, 4)
+    assert synced == [4, 4, 4], (
+        f"two forwards, the first inside no_sync(), the second outside; backward of the second, then of the first: "
+        f"synced {len(synced) - 2} time(s), expected once (the second's). A backward uses up the decision of its "
+        "forward (as DDP's reducer, prepared by a forward, is done after one backward): the first loss's backward "
+        "must not sync again on the second forward's decision")
+
+    loss = F.cross_entropy(sync(inputs), targets)  # decided: sync
+    with sync.no_sync(), torch.no_grad():
+        sync(inputs)  # an evaluation forward: it builds no graph, so it decides nothing (DDP ignores it too)
+    sync.backward(loss, 4)
+    assert synced == [4, 4, 4, 4], (
+        "forward outside no_sync(), then a forward under torch.no_grad() inside no_sync(), then the first loss's "
+        f"backward: synced {len(synced) - 3} time(s), expected once. A forward that builds no graph has no backward "
+        "to prepare: it must leave the decision of the last forward with grad alone (DDP checks torch.is_grad_enabled())")
+
+
+class _WithKeywords(nn.Module):
+    """A module whose forward takes positional and keyword arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = build_model("mlp", (1, 8, 8), 10, seed=0)
+
+    def forward(self, x, bias, *, scale=1.0, shift=None):
+        out = self.mlp(x) * scale + bias
+        return out if shift is None else out + shift
+
+
+def test_2_1_grad_sync_forwards_every_argument(grade):
+    mod = grade("2.1").load()
+    module = _WithKeywords()
+    sync = mod.GradSync(module)
+    inputs, _ = _accum_batch(3, 0)
+    bias = torch.arange(10.0)
+    for args, kwargs in (((inputs, bias), {}), ((inputs, bias), {"scale": 2.0}), ((inputs,), {"bias": bias}),
+                         ((inputs, bias), {"shift": torch.ones(10), "scale": -1.0})):
+        shown = ", ".join([*(f"<{tuple(a.shape)}>" for a in args), *(f"{k}=..." for k in kwargs)])
+        got, expected = sync(*args, **kwargs), module(*args, **kwargs)
+        assert torch.equal(got, expected), f"GradSync(module)({shown}) must return module({shown}): every positional " \
+                                           "and keyword argument passed on"
+
 
 ACCUM_MEMORY_N, ACCUM_MEMORY_MICRO = 11, 3  # 3 + 3 + 3 + 2: all micro-batches at once would be ~3.7 times one
 
@@ -194,6 +246,50 @@ def test_2_1_single_process_matches_one_large_batch(grade):
             problems.append(f"micro_batch_size={micro}: returned losses {losses}, expected the batch mean losses {expected_losses}")
     assert_no_problems(problems, f"one process, {total} samples per step: k micro-batches must take the step of one "
                                  "batch of 10 (weight each micro-batch's mean loss by n_i / n)")
+
+
+def test_2_1_any_batch_and_micro_batch_size_take_one_step(grade):
+    """One process, any local batch n and micro-batch size m, with stale gradients left in .grad or not:
+    2 accumulation steps move the weights as 2 plain steps on the n samples do, return the batch's
+    mean loss, sync once per step with local_samples=n, and run ceil(n/m) forwards of at most m
+    samples that together see every sample once."""
+    mod = grade("2.1").load()
+    truths = {}
+
+    @settings(max_examples=80, **PROPERTY_SETTINGS)
+    @given(n=st.integers(1, 13), m=st.integers(1, 15), stale=st.booleans())
+    def check(n, m, stale):
+        if n not in truths:
+            truths[n] = _accum_ground_truth(n)
+        expected_losses, expected = truths[n]
+        model = build_model("mlp", (1, 8, 8), 10, seed=0)
+        sync = mod.GradSync(model)
+        synced: list = []
+        sync.sync = synced.append  # one process: record the syncs instead
+        sizes: list = []
+        model.register_forward_pre_hook(lambda module, args: sizes.append(len(args[0])))
+        optimizer = torch.optim.SGD(model.parameters(), lr=ACCUM_LR, momentum=0.9)
+        if stale:  # left over from, say, an evaluation backward: the step must not add them in
+            for param in model.parameters():
+                param.grad = torch.full_like(param, 0.5)
+        case = f"local batch n={n}, micro_batch_size={m}{', stale .grad before the first step' if stale else ''}"
+        for step in range(ACCUM_STEPS):
+            synced.clear()
+            sizes.clear()
+            loss = mod.accumulation_step(sync, optimizer, *_accum_batch(n, step), m)
+            assert loss == pytest.approx(expected_losses[step], rel=1e-5), \
+                f"{case}, step {step}: returned loss {loss!r}, the mean loss over the {n} samples is {expected_losses[step]!r}"
+            assert synced == [n], (f"{case}, step {step}: GradSync.sync was called with {synced}; expected once, with "
+                                   f"local_samples={n} (this rank's samples in the whole step)")
+            assert sum(sizes) == n and max(sizes) <= m and len(sizes) == math.ceil(n / m), (
+                f"{case}, step {step}: forwards on micro-batches of {sizes} samples; expected ceil(n/m) = "
+                f"{math.ceil(n / m)} micro-batches of at most {m} samples, each sample in one of them")
+        assert_no_problems(state_dict_problems(model.state_dict(), expected, f"{case}, after {ACCUM_STEPS} steps:",
+                                               rtol=1e-4, atol=1e-5),
+                           "accumulation must take the step of one batch of n samples (weight micro-batch i by n_i/n, "
+                           "zero the gradients first, one optimizer.step()):")
+
+    check()
 
 
 def test_2_1_two_ranks_match_one_large_batch(grade):

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
 
 import grading
 from compare import assert_no_problems, diff_report, state_dict_problems
@@ -91,6 +92,9 @@ def test_2_2_autocast_dtype_per_device(grade, monkeypatch):
     mod = grade("2.2").load()
     assert mod.autocast_dtype("cpu") == torch.bfloat16, "CPU autocast: bfloat16"
     assert mod.autocast_dtype(torch.device("cpu")) == torch.bfloat16, "CPU autocast (torch.device): bfloat16"
+    for other in ("meta", torch.device("mps"), "xpu:0"):  # nothing asks CUDA about a device that is not CUDA
+        assert mod.autocast_dtype(other) == torch.bfloat16, \
+            f"autocast_dtype({other!r}) = {mod.autocast_dtype(other)}: every device but CUDA gets bfloat16"
     problems = []
     for capabilities, current, expected in MP_DTYPE_CASES:
         with monkeypatch.context() as patch:
@@ -126,10 +130,14 @@ MP_SCALER_EVENTS = [
     ("ok", False), ("inf", True), ("ok", False), ("ok", False), ("ok", False), ("ok", True),
 ]
 MP_SCALER_ARGS = dict(init_scale=2.0**10, growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
+# Property tests draw their cases from a fixed seed: a grading run is reproducible.
+PROPERTY_SETTINGS = dict(derandomize=True, database=None, deadline=None)
 
 
-def _mp_scaler_trace(scaler):
-    """Train a Linear(4, 3) through `scaler` over MP_SCALER_EVENTS; per step: (scale after update, skipped, params)."""
+def _mp_scaler_trace(scaler, events=MP_SCALER_EVENTS, resume_at=None, fresh=None):
+    """Train a Linear(4, 3) through `scaler` over `events`; per step: (scale after update, skipped, scaled loss,
+    params, scaler.state_dict()). resume_at=i: before step i the scaler is replaced by `fresh()` loaded from
+    its state_dict(), as a run resumed from a checkpoint would."""
     gen = torch.Generator().manual_seed(0)
     model = nn.Linear(4, 3)
     with torch.no_grad():
@@ -137,7 +145,10 @@ def _mp_scaler_trace(scaler):
         model.bias.copy_(torch.randn(3, generator=gen))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     trace = []
-    for event, explicit_unscale in MP_SCALER_EVENTS:
+    for step, (event, explicit_unscale) in enumerate(events):
+        if step == resume_at:
+            state, scaler = scaler.state_dict(), fresh()
+            scaler.load_state_dict(state)
         x, c = torch.randn(5, 4, generator=gen), torch.randn(5, 3, generator=gen)
         if event == "inf":
             c[1, 2] = _MP_INF
@@ -157,7 +168,7 @@ def _mp_scaler_trace(scaler):
         scaler.update()
         skipped = all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
         trace.append((float(scaler.get_scale()), skipped, scaled.detach().clone(),
-                      {k: v.detach().clone() for k, v in model.state_dict().items()}))
+                      {k: v.detach().clone() for k, v in model.state_dict().items()}, dict(scaler.state_dict())))
     return trace
 
 
@@ -165,7 +176,7 @@ def test_2_2_loss_scaler_matches_torch_grad_scaler(grade):
     mod = grade("2.2").load()
     expected = _mp_scaler_trace(torch.amp.GradScaler("cpu", **MP_SCALER_ARGS))
     actual = _mp_scaler_trace(mod.LossScaler(**MP_SCALER_ARGS))
-    for step, ((scale, skipped, scaled, state), (e_scale, e_skipped, e_scaled, e_state)) in enumerate(zip(actual, expected)):
+    for step, ((scale, skipped, scaled, state, _), (e_scale, e_skipped, e_scaled, e_state, _)) in enumerate(zip(actual, expected)):
         event, explicit = MP_SCALER_EVENTS[step]
         what = f"step {step} ({event} gradients{', unscale_ + clip before step' if explicit else ''}):"
         problem = diff_report(scaled.float(), e_scaled, f"{what} scaler.scale(loss)", rtol=1e-6, atol=0)
@@ -179,6 +190,68 @@ def test_2_2_loss_scaler_matches_torch_grad_scaler(grade):
         assert_no_problems(state_dict_problems(state, e_state, f"{what} parameter", rtol=1e-6, atol=1e-7),
                            "parameters differ from a run with torch.amp.GradScaler (step on UNSCALED gradients, "
                            "unscale once per step)")
+
+
+_MP_EVENTS = st.lists(st.tuples(st.sampled_from(["ok", "ok", "ok", "inf", "nan", "huge"]), st.booleans()),
+                      min_size=1, max_size=14)
+
+
+def test_2_2_loss_scaler_rules_for_any_factors_and_interval(grade):
+    """Any init_scale, growth_factor > 1, 0 < backoff_factor < 1, growth_interval >= 1 and any
+    sequence of clean and overflowing steps (explicit unscale_ or not), resumed from a
+    state_dict() at any step or not: after every step LossScaler and torch.amp.GradScaler agree
+    on the scaled loss, the skip, the scale, the growth tracker and the parameters. (GradScaler
+    keeps its scale in float32: scales are compared to 1e-5 relative.)"""
+    mod = grade("2.2").load()
+
+    @settings(max_examples=60, **PROPERTY_SETTINGS)
+    @given(init_scale=st.floats(2.0**8, 2.0**24), growth=st.floats(1.01, 8.0), backoff=st.floats(0.01, 0.99),
+           interval=st.integers(1, 4), events=_MP_EVENTS, resume=st.integers(0, 16))
+    def check(init_scale, growth, backoff, interval, events, resume):
+        args = dict(init_scale=init_scale, growth_factor=growth, backoff_factor=backoff, growth_interval=interval)
+        resume_at = resume if resume < len(events) else None
+        expected = _mp_scaler_trace(torch.amp.GradScaler("cpu", **args), events, resume_at,
+                                    lambda: torch.amp.GradScaler("cpu"))
+        actual = _mp_scaler_trace(mod.LossScaler(**args), events, resume_at, lambda: mod.LossScaler())
+        case = (f"LossScaler({', '.join(f'{k}={v!r}' for k, v in args.items())})"
+                f"{f', resumed from its state_dict() before step {resume_at}' if resume_at is not None else ''}")
+        for step, (got, want) in enumerate(zip(actual, expected)):
+            (scale, skipped, scaled, state, saved), (e_scale, e_skipped, e_scaled, e_state, e_saved) = got, want
+            what = (f"{case}, events {[e for e, _ in events[:step + 1]]}: step {step} ({events[step][0]} gradients"
+                    f"{', unscale_ + clip before step' if events[step][1] else ''})")
+            assert skipped == e_skipped, (f"{what}: the optimizer step was {'skipped' if skipped else 'taken'}; "
+                                          f"GradScaler {'skips' if e_skipped else 'takes'} it")
+            assert scale == pytest.approx(e_scale, rel=1e-5), (
+                f"{what}: scale {scale!r} after update(), GradScaler has {e_scale!r} (scales so far: "
+                f"{[t[0] for t in expected[:step + 1]]})")
+            assert saved.get("_growth_tracker") == e_saved["_growth_tracker"], (
+                f"{what}: state_dict()['_growth_tracker'] is {saved.get('_growth_tracker')!r}, GradScaler's is "
+                f"{e_saved['_growth_tracker']} (clean steps since the scale last changed: a checkpoint must keep it)")
+            assert_no_problems(
+                [p for p in [diff_report(scaled.float(), e_scaled, f"{what}: scaler.scale(loss)", rtol=1e-5, atol=0)] if p] +
+                state_dict_problems(state, e_state, f"{what}: parameter", rtol=1e-5, atol=1e-6),
+                "LossScaler must drive the optimizer as torch.amp.GradScaler does:")
+
+    check()
+
+
+def test_2_2_scale_that_would_overflow_does_not_grow(grade):
+    """A clean step at a scale S whose growth S * growth_factor is no longer a finite float leaves S
+    (and restarts the growth tracker), as GradScaler does: the scale never becomes inf."""
+    mod = grade("2.2").load()
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # no backward: no gradient, so nothing overflows
+    for init_scale, growth in ((2.0**1023, 2.0), (1.5e308, 1.5), (2.0**1000, 2.0**30)):
+        scaler = mod.LossScaler(init_scale=init_scale, growth_factor=growth, growth_interval=1)
+        for step in range(2):
+            scaler.step(optimizer)
+            scaler.update()
+            assert scaler.get_scale() == init_scale, (
+                f"LossScaler(init_scale={init_scale!r}, growth_factor={growth!r}, growth_interval=1), clean step "
+                f"{step}: the scale became {scaler.get_scale()!r}; {init_scale!r} * {growth!r} is not finite, so the "
+                "scale must stay where it is")
+            assert scaler.state_dict()["_growth_tracker"] == 0, \
+                f"after a clean step at the growth interval the growth tracker restarts at 0, got {scaler.state_dict()}"
 
 
 def test_2_2_bf16_step_keeps_fp32_master_weights(grade):
@@ -295,6 +368,71 @@ def test_2_2_each_step_uses_only_its_own_gradients(grade):
                                  "(zero the gradients every step)")
 
 
+class _PartlyTrained(nn.Module):
+    """A frozen first layer, a trained head, and an auxiliary layer no forward uses (its .grad stays None)."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = build_model("mlp", (1, 8, 8), 10, seed=0)
+        first = next(m for m in self.mlp.modules() if isinstance(m, nn.Linear))
+        first.requires_grad_(False)
+        self.unused = nn.Linear(10, 10)
+
+    def forward(self, x):
+        return self.mlp(x)
+
+
+def test_2_2_step_with_frozen_and_unused_parameters(grade):
+    """Parameters without a gradient (frozen, or unused by the forward) are in the optimizer too:
+    the step must skip them, with LossScaler, torch's GradScaler or no scaler, on torch.device('cpu')."""
+    mod = grade("2.2").load()
+    batches = [_accum_batch(16, step) for step in range(3)]
+    problems = []
+    torch_scaler = lambda: torch.amp.GradScaler("cpu", init_scale=2.0**12, growth_interval=2)  # noqa: E731
+    cases = [("LossScaler", lambda: mod.LossScaler(init_scale=2.0**12, growth_interval=2), torch_scaler),
+             ("torch.amp.GradScaler('cpu')", torch_scaler, torch_scaler), ("scaler=None", lambda: None, lambda: None)]
+    for label, graded_scaler, reference_scaler in cases:
+        models, losses = [], []
+        for ours in (True, False):
+            torch.manual_seed(3)
+            model = _PartlyTrained()
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+            scaler = graded_scaler() if ours else reference_scaler()
+            run = []
+            for inputs, targets in batches:
+                if ours:
+                    run.append(mod.mixed_precision_step(model, optimizer, scaler, inputs, targets, torch.device("cpu")))
+                else:
+                    run.append(_mp_reference_steps_on(model, optimizer, scaler, inputs, targets))
+            models.append(model)
+            losses.append(run)
+        what = f"{label}, a frozen layer and an unused one, 3 steps"
+        if losses[0] != pytest.approx(losses[1], rel=1e-6):
+            problems.append(f"{what}: returned losses {losses[0]}, expected {losses[1]}")
+        problems += state_dict_problems(models[0].state_dict(), models[1].state_dict(), f"{what}: parameter",
+                                        rtol=1e-5, atol=1e-6)
+        for name, param in models[0].named_parameters():
+            if not param.requires_grad and param.grad is not None:
+                problems.append(f"{what}: the frozen {name} got a .grad")
+    assert_no_problems(problems, "mixed_precision_step must train what has a gradient and leave the rest alone:")
+
+
+def _mp_reference_steps_on(model, optimizer, scaler, inputs, targets):
+    """One bf16-autocast step done right (GradScaler or none) on the given model; its loss."""
+    optimizer.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(inputs)
+    loss = F.cross_entropy(logits.float(), targets)
+    if scaler is None:
+        loss.backward()
+        optimizer.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    return loss.item()
+
+
 MP_FOUND_INF_STEPS = 5  # rank 1 gets an inf gradient at step 1, rank 0 a nan at step 3
 
 
@@ -347,13 +485,21 @@ def test_precision_modules_reject_bad_arguments():
     model = build_model("mlp", (1, 8, 8), 10, seed=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     inputs, targets = _accum_batch(4, 0)
-    with pytest.raises(ValueError, match="micro_batch_size"):
-        accumulation.accumulation_step(accumulation.GradSync(model), optimizer, inputs, targets, 0)
-    with pytest.raises(ValueError, match="targets"):
-        accumulation.accumulation_step(accumulation.GradSync(model), optimizer, inputs, targets[:3], 2)
-    for bad in (dict(init_scale=0.0), dict(growth_factor=1.0), dict(backoff_factor=1.0), dict(growth_interval=0)):
+    for micro in (0, -2):
+        with pytest.raises(ValueError, match="micro_batch_size"):
+            accumulation.accumulation_step(accumulation.GradSync(model), optimizer, inputs, targets, micro)
+    for x, y in ((inputs, targets[:3]), (inputs[:0], targets[:0])):  # fewer targets; no sample at all
+        with pytest.raises(ValueError, match="targets"):
+            accumulation.accumulation_step(accumulation.GradSync(model), optimizer, x, y, 2)
+    for bad in (dict(init_scale=0.0), dict(init_scale=-4.0), dict(growth_factor=1.0), dict(growth_factor=0.5),
+                dict(backoff_factor=1.0), dict(backoff_factor=0.0), dict(backoff_factor=1.5), dict(growth_interval=0)):
         with pytest.raises(ValueError):
             mixed_precision.LossScaler(**bad)
     scaler = mixed_precision.LossScaler()
     with pytest.raises(RuntimeError, match="update"):
         scaler.update()
+    model.zero_grad()
+    scaler.scale(F.cross_entropy(model(inputs), targets)).backward()
+    scaler.unscale_(optimizer)
+    with pytest.raises(RuntimeError, match="unscale_"):  # gradients would be divided twice
+        scaler.unscale_(optimizer)

@@ -92,9 +92,10 @@ def _ckpt_step(blocks, run, x_requires_grad: bool, autocast: bool = False, fake_
 def _ckpt_problems(got: dict, expected: dict, what: str) -> list[str]:
     problems = []
     for key, value in expected.items():
-        if value is None:  # a frozen parameter
+        if value is None:  # a frozen parameter, or one no forward uses
             if got.get(key) is not None:
-                problems.append(f"{what}: {key} is not None, but that parameter has requires_grad=False")
+                problems.append(f"{what}: {key} is not None, but without checkpointing that parameter gets no gradient "
+                                "(requires_grad=False, or unused by the forward)")
         elif got.get(key) is None:
             problems.append(f"{what}: no {key} (None)")
         else:
@@ -119,10 +120,11 @@ def test_2_3_same_loss_and_gradients_as_without_checkpointing(grade):
     mod = grade("2.3").load()
     problems = []
     for dropout in (0.0, 0.3):
-        for segments in (1, 3, 8):
+        for num_blocks, segments in ((8, 1), (8, 3), (8, 8), (1, 1), (5, 2)):
             for x_grad in (True, False):
-                what = f"8 blocks{' with dropout' if dropout else ''}, {segments} segments, input requires_grad={x_grad}"
-                blocks = _ckpt_blocks(8, dropout)
+                what = (f"{num_blocks} blocks{' with dropout' if dropout else ''}, {segments} segments, "
+                        f"input requires_grad={x_grad}")
+                blocks = _ckpt_blocks(num_blocks, dropout)
                 expected = _ckpt_step(blocks, _ckpt_plain, x_grad)
                 torchs = _ckpt_step(blocks, lambda b, x: _torch_sequential(b, segments, x), x_grad)
                 assert_no_problems(_ckpt_problems(torchs, expected, "torch.utils.checkpoint"), "test bug:")
@@ -153,22 +155,72 @@ def test_2_3_under_autocast_same_gradients_as_without_checkpointing(grade):
                                  "torch.get_autocast_dtype) and re-enter it (torch.autocast) for the recomputation")
 
 
+def _freeze_scattered(blocks):
+    blocks[1][0].weight.requires_grad_(False)
+    blocks[3][0].weight.requires_grad_(False)  # the first parameter of the second of 2 segments
+    blocks[4][0].requires_grad_(False)  # weight and bias: the first parameters of the third of 3 segments
+
+
+def _freeze_middle(blocks):
+    for block in blocks[2:4]:  # fine-tuning: frozen middle layers, trainable ones before them
+        block.requires_grad_(False)
+
+
+_FROZEN = {"the weights of blocks 1 and 3 and all of block 4's Linear frozen (the first parameters of segments "
+           "2 and 3)": _freeze_scattered,
+           "blocks 2 and 3 frozen (all of segment 2 with 3 segments), the blocks before them trained": _freeze_middle}
+
+
 def test_2_3_frozen_parameter_gets_no_gradient_and_the_others_are_right(grade):
+    mod = grade("2.3").load()
+    problems = []
+    for frozen, freeze in _FROZEN.items():
+        for segments in (2, 3):
+            for x_grad in (True, False):
+                what = f"6 blocks, {frozen}, {segments} segments, input requires_grad={x_grad}"
+                blocks = _ckpt_blocks(6, dropout=0.3)
+                freeze(blocks)
+                expected = _ckpt_step(blocks, _ckpt_plain, x_grad)
+                got = _learner_step(what, "A frozen parameter (requires_grad=False) needs no gradient: differentiate "
+                                          "only w.r.t. the inputs that need one (ctx.needs_input_grad: x too, even when "
+                                          "no parameter of the segment needs one) and return None for the others.",
+                                    lambda: _ckpt_step(blocks, lambda b, x: mod.checkpoint_sequential(b, segments, x),
+                                                       x_grad))
+                problems += _ckpt_problems(got, expected, what)
+    assert_no_problems(problems, "with frozen parameters in a segment (or a whole frozen segment), every other gradient "
+                                 "must be as without checkpointing, and the frozen ones None:")
+
+
+class _WithSpare(nn.Module):
+    """A block that holds a parameter its forward never uses (a spare head): it gets no gradient."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block, self.spare = block, nn.Linear(_CKPT_WIDTH, _CKPT_WIDTH)
+
+    def forward(self, x):
+        return self.block(x)
+
+
+def test_2_3_unused_and_shared_parameters(grade):
+    """A parameter no forward uses keeps no gradient (None, as without checkpointing); a weight
+    shared by blocks of different segments gets the sum of both segments' contributions."""
     mod = grade("2.3").load()
     problems = []
     for segments in (2, 3):
         for x_grad in (True, False):
-            what = f"6 blocks, block 1's weight and block 4's bias frozen, {segments} segments, input requires_grad={x_grad}"
+            what = (f"6 blocks, block 2 holding an unused parameter, blocks 0 and 5 sharing one weight, {segments} "
+                    f"segments, input requires_grad={x_grad}")
             blocks = _ckpt_blocks(6, dropout=0.3)
-            blocks[1][0].weight.requires_grad_(False)
-            blocks[4][0].bias.requires_grad_(False)
+            blocks[2] = _WithSpare(blocks[2])
+            blocks[5][0].weight = blocks[0][0].weight  # one Parameter, in the first and the last segment
             expected = _ckpt_step(blocks, _ckpt_plain, x_grad)
-            got = _learner_step(what, "A frozen parameter (requires_grad=False) needs no gradient: differentiate only "
-                                      "w.r.t. the inputs that need one (ctx.needs_input_grad) and return None for the others.",
+            got = _learner_step(what, "A parameter that run_function does not use has no gradient: "
+                                      "torch.autograd.grad(..., allow_unused=True) returns None for it.",
                                 lambda: _ckpt_step(blocks, lambda b, x: mod.checkpoint_sequential(b, segments, x), x_grad))
             problems += _ckpt_problems(got, expected, what)
-    assert_no_problems(problems, "with a frozen parameter in a segment, every other gradient must be as without "
-                                 "checkpointing, and the frozen one None:")
+    assert_no_problems(problems, "with an unused parameter and a weight shared across segments, every gradient must be "
+                                 "as without checkpointing (None for the unused one):")
 
 
 # ------------------------------------------------------- a GPU's RNG, without a GPU

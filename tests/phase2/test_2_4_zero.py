@@ -23,10 +23,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import grading
 from common.measure import CollectiveLog, PeakBytes, ring_elements_sent, training_memory
@@ -91,6 +94,37 @@ def _frozen_mlp(tied: bool = False) -> nn.Module:
     return model
 
 
+class Fork(nn.Module):
+    """One Linear(width, 2 width) whose output is returned as a tuple of its two halves."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.linear = nn.Linear(width, 2 * width)
+
+    def forward(self, x):
+        y = self.linear(x)
+        return y[:, : y.shape[1] // 2], y[:, y.shape[1] // 2 :]
+
+
+class Join(nn.Module):
+    """Takes Fork's tuple (a, b): Linear(a) * b, so both halves reach the loss."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, pair):
+        a, b = pair
+        return self.linear(a) * b
+
+
+def _forked_mlp() -> nn.Module:
+    """A unit (Fork) whose output is a tuple of two tensors, both used by the next unit."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(3)
+        return nn.Sequential(nn.Linear(4, 13), nn.ReLU(), Fork(13), Join(13), nn.ReLU(), nn.Linear(13, 5))
+
+
 def _two_groups(model: nn.Module) -> list[dict]:
     """The first two layers at lr 0.1 without weight decay, the rest at lr 0.02 with 0.01 (default lr 0.05)."""
     params = list(model.parameters())
@@ -113,6 +147,8 @@ class Scenario:
     resume_after: int | None = None  # state_dict() after this step, loaded into a fresh model and optimizer
     may_refuse: tuple = ()  # stages that may refuse it at construction with a ValueError instead
     evaluate: bool = False  # after the steps, a forward under torch.no_grad() on _EVAL_INPUTS (an evaluation)
+    closure: bool = False  # optimizer.step(closure): zero_grad, forward and backward inside the closure
+    one_backward: bool = False  # the backward_passes micro-batches all go forward, then ONE backward of their sum
 
 
 _SCENARIOS = {
@@ -142,12 +178,20 @@ _SCENARIOS = {
     "adafactor": Scenario("3 torch.optim.Adafactor steps (factored second moments of each weight matrix, updates "
                           "clipped per tensor: it needs whole parameters)", _mlp, "Adafactor",
                           dict(lr=1e-2, weight_decay=0.1), 3, may_refuse=(2,)),
+    "two_forwards": Scenario("2 steps (Adam, eps = 1.0), each ONE backward of the sum of two micro-batches' losses, "
+                             "both forwarded first (every unit runs twice before its backward)", _mlp, "Adam", _SGD_LIKE,
+                             2, backward_passes=2, one_backward=True),
+    "tuple": Scenario("3 Adam steps of a model whose unit Fork returns a tuple of two tensors, both used by the next "
+                      "unit", _forked_mlp, "Adam", _ADAM, 3),
+    "closure": Scenario("2 SGD steps (momentum) as optimizer.step(closure), the closure running zero_grad, forward "
+                        "and backward and returning the loss", _mlp, "SGD", _SGD, 2, closure=True),
     "resume": Scenario("3 AdamW steps, the optimizer's state_dict() after step 2 loaded into a fresh model (same "
                        "parameters) and optimizer that take step 3", _mlp, "AdamW", _ADAM, 3, resume_after=2),
 }
 _NAMES = {1: ["adam", "sgd", "accumulate", "unused", "groups", "tied_frozen", "adafactor", "resume"],
-          3: ["adam", "sgd_like", "accumulate_adam", "unused", "frozen", "tied_adam"]}
-_NAMES[2] = _NAMES[1]
+          3: ["adam", "sgd_like", "accumulate_adam", "unused", "frozen", "tied_adam", "tuple", "two_forwards", "refusals"]}
+_NAMES[2] = _NAMES[1] + ["closure", "refusals"]
+_NAMES[1] = _NAMES[1] + ["closure", "refusals"]
 _SMALL_NAMES = ["groups", "tied_frozen"]  # stages 1 and 2 in the world of 2 as well
 _AVERAGED = {1: "sgd", 2: "sgd", 3: "sgd_like"}
 _ACCUMULATE = {1: "accumulate", 2: "accumulate", 3: "accumulate_adam"}
@@ -201,12 +245,36 @@ def _run_scenario(mod, stage: int, name: str) -> dict:
     for step, micro_batches in enumerate(_batches(scenario), start=1):
         if scenario.use_scale:
             _set_use_scale(model, scenario, step - 1)
-        optimizer.zero_grad(set_to_none=scenario.set_to_none)
-        with CollectiveLog(on_call=lambda call: peak.sample(f"{call.name} in step {step}")) as log:
+        if not scenario.closure:
+            optimizer.zero_grad(set_to_none=scenario.set_to_none)
+        losses = []
+
+        def closure(optimizer=optimizer, model=model, micro_batches=micro_batches, step=step):
+            """What torch.optim's step(closure) runs: zero_grad, forward, backward; returns the loss."""
+            optimizer.zero_grad(set_to_none=scenario.set_to_none)
+            total = 0.0
             for inputs, targets in micro_batches:
-                F.cross_entropy(model(inputs[part]), targets[part]).backward()
+                loss = F.cross_entropy(model(inputs[part]), targets[part])
+                loss.backward()
+                total += loss.item()
+            losses.append(total)
+            return total
+
+        with CollectiveLog(on_call=lambda call: peak.sample(f"{call.name} in step {step}")) as log:
+            if scenario.closure:
+                returned = optimizer.step(closure)
+                if losses != [returned]:
+                    raise AssertionError(f"step {step}: step(closure) ran the closure {len(losses)} times (must be "
+                                         f"once) and returned {returned!r}; the closure returned {losses}")
+            elif scenario.one_backward:
+                sum(F.cross_entropy(model(inputs[part]), targets[part]) for inputs, targets in micro_batches).backward()
                 peak.sample(f"the end of backward in step {step}")
-            optimizer.step()
+                optimizer.step()
+            else:
+                for inputs, targets in micro_batches:
+                    F.cross_entropy(model(inputs[part]), targets[part]).backward()
+                    peak.sample(f"the end of backward in step {step}")
+                optimizer.step()
         if scheduler is not None:
             scheduler.step()
         between_steps.append(peak.sample(f"the end of step {step}"))
@@ -230,13 +298,100 @@ def _run_scenario(mod, stage: int, name: str) -> dict:
             "eval": evaluated}
 
 
+class SignSGD(torch.optim.Optimizer):
+    """p -= lr * sign(grad): its update of an element depends on that element alone, but ZeroStage2 cannot know it
+    (not a subclass of one of ZeroStage2.ELEMENTWISE), so it must refuse it."""
+
+    def __init__(self, params, lr=0.01):
+        super().__init__(params, dict(lr=lr))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad.sign(), alpha=-group["lr"])
+
+
+class NesterovSGD(torch.optim.SGD):
+    """A subclass of torch.optim.SGD, one of ZeroStage2.ELEMENTWISE: accepted."""
+
+    def __init__(self, params, lr=0.01):
+        super().__init__(params, lr=lr, momentum=0.9, nesterov=True)
+
+
+def _refusals(mod, stage: int) -> list[str]:
+    """Every error the docstrings promise, provoked on this rank (no collective is involved: construction and
+    load_state_dict only). Returns what was not refused as documented."""
+    problems = []
+
+    def expect(error: type, what: str, call: Callable) -> object:
+        try:
+            made = call()
+        except error:
+            return None
+        except NotImplementedError as exc:
+            if str(exc).startswith("TODO"):
+                raise
+            problems.append(f"{what}: raised NotImplementedError: {exc}; expected {error.__name__}")
+            return None
+        except Exception as exc:  # noqa: BLE001 - reported
+            problems.append(f"{what}: raised {type(exc).__name__}: {exc}; expected {error.__name__}")
+            return None
+        problems.append(f"{what}: accepted; expected {error.__name__}")
+        return made
+
+    if stage == 3:
+        for kwargs in (dict(lr=-1e-3), dict(eps=-1e-8), dict(weight_decay=-0.1), dict(betas=(1.0, 0.999)),
+                       dict(betas=(0.9, -0.1))):
+            expect(ValueError, f"ZeroStage3(model, {', '.join(f'{k}={v}' for k, v in kwargs.items())})",
+                   lambda kwargs=kwargs: mod.ZeroStage3(_mlp(), **kwargs))
+        root = nn.Linear(4, 5)  # parameters on the root module itself: no child to make a unit of
+        expect(ValueError, "ZeroStage3 of a model with parameters on its root module", lambda: mod.ZeroStage3(root))
+        frozen = _mlp().requires_grad_(False)
+        expect(ValueError, "ZeroStage3 of a model without a trainable parameter", lambda: mod.ZeroStage3(frozen))
+        try:  # the edges of the allowed ranges are allowed
+            mod.ZeroStage3(_mlp(), lr=0.0, betas=(0.0, 0.0), eps=0.0, weight_decay=0.0)
+        except ValueError as exc:
+            problems.append(f"ZeroStage3(model, lr=0, betas=(0, 0), eps=0, weight_decay=0) refused ({exc}); the "
+                            "docstring allows lr, eps, weight_decay >= 0 and 0 <= betas < 1")
+        return problems
+    cls = getattr(mod, _CLASSES[stage])
+    name = _CLASSES[stage]
+    expect(TypeError, f"{name}(params, an optimizer instance instead of a class)",
+           lambda: cls(_mlp().parameters(), torch.optim.SGD(_mlp().parameters(), lr=0.1)))
+    expect(ValueError, f"{name} of parameters none of which requires a gradient",
+           lambda: cls(_mlp().requires_grad_(False).parameters(), torch.optim.SGD, lr=0.1))
+    if stage == 2:
+        expect(ValueError, "ZeroStage2(params, SignSGD), an optimizer class that is not a subclass of one of "
+                           "ZeroStage2.ELEMENTWISE", lambda: cls(_mlp().parameters(), SignSGD, lr=0.1))
+        try:
+            cls(_mlp().parameters(), NesterovSGD, lr=0.1)
+        except ValueError as exc:
+            problems.append(f"ZeroStage2(params, a subclass of torch.optim.SGD) refused ({exc}); a subclass of one of "
+                            "ZeroStage2.ELEMENTWISE is element-wise too")
+    model = _mlp()
+    optimizer = cls(model.parameters(), torch.optim.Adam, lr=1e-3)
+    expect(NotImplementedError, f"{name}.add_param_group after construction",
+           lambda: optimizer.add_param_group({"params": [nn.Parameter(torch.zeros(3))]}))
+    saved = optimizer.state_dict()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    for other_rank, other_world, what in (((rank + 1) % world, world, "another rank's share"),
+                                          (rank, world + 1, "a share saved in a world of another size")):
+        forged = dict(saved, rank=other_rank, world_size=other_world)
+        expect(ValueError, f"{name}.load_state_dict of {what}",
+               lambda forged=forged: cls(_mlp().parameters(), torch.optim.Adam, lr=1e-3).load_state_dict(forged))
+    return problems
+
+
 def _zero_stage_rank(ref: grading.ModuleRef, stage: int) -> dict:
     """Every scenario, in turn, agreeing after each (tests/scenarios.py): if one rank raised
     while the others wait inside a collective it left, they never arrive, and this rank
     ends the world with its error (a clear failure now, not a deadlock later)."""
     mod = ref.load()
     names = _NAMES[stage] if dist.get_world_size() == _WORLD else _SMALL_NAMES
-    return run_scenarios({name: partial(_run_scenario, mod, stage, name) for name in names}, _AGREE_S)
+    return run_scenarios({name: partial(_refusals, mod, stage) if name == "refusals" else
+                          partial(_run_scenario, mod, stage, name) for name in names}, _AGREE_S)
 
 
 # ---------------------------------------------------------------- in the parent
@@ -247,7 +402,8 @@ _worlds = {size: SharedWorld(_zero_stage_rank, size) for size in (_WORLD, _SMALL
 def _results(ref: grading.ModuleRef, stage: int, name: str, world: int = _WORLD) -> list[dict]:
     """Per rank, the results of one scenario of one stage; one world per stage and size, shared by its tests."""
     return _worlds[world].results(name, ref, stage, world=f"{_CLASSES[stage]}: the world of {world} ranks",
-                                  what=f"{_CLASSES[stage]} on {world} ranks during {_SCENARIOS[name].what}")
+                                  what=f"{_CLASSES[stage]} on {world} ranks during "
+                                       f"{_SCENARIOS[name].what if name in _SCENARIOS else 'the documented errors'}")
 
 
 _truths: dict = {}
@@ -396,6 +552,40 @@ def test_2_4_adam_update_matches_torch_adam(grade):
                 if problem:
                     problems.append(problem)
     assert_no_problems(problems, "adam_update vs torch.optim.Adam on a (7, 5) tensor, 4 steps, random gradients:")
+
+
+_ADAM_PROPERTY = settings(derandomize=True, database=None, deadline=None, max_examples=100,
+                          suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@_ADAM_PROPERTY
+@given(lr=st.sampled_from([1e-4, 1e-2, 0.3]), eps=st.sampled_from([1e-10, 1e-8, 1e-3, 1.0]),
+       betas=st.tuples(st.sampled_from([0.0, 0.5, 0.9, 0.99]), st.sampled_from([0.0, 0.5, 0.999, 0.9999])),
+       weight_decay=st.sampled_from([0.0, 0.01, 1.0, 3.0]), steps=st.integers(1, 6),
+       scale=st.tuples(st.sampled_from([1e-3, 1.0, 1e3]), st.sampled_from([1e-6, 1.0, 1e4])),
+       shape=st.sampled_from([(1,), (7,), (3, 4), (2, 3, 2)]), seed=st.integers(0, 2**16))
+def test_2_4_adam_update_any_hyperparameters(grade, lr, eps, betas, weight_decay, steps, scale, shape, seed):
+    """adam_update vs torch.optim.Adam for any lr, eps, betas in [0, 1), weight decay, number of steps, tensor shape,
+    and parameters and gradients of any magnitude: param, exp_avg and exp_avg_sq after every step; grad unchanged."""
+    mod = grade("2.4").load()
+    gen = torch.Generator().manual_seed(seed)
+    start = torch.randn(shape, generator=gen) * scale[0]
+    hyper = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    reference = nn.Parameter(start.clone())
+    torch_adam = torch.optim.Adam([reference], **hyper)
+    param, exp_avg, exp_avg_sq = start.clone(), torch.zeros(shape), torch.zeros(shape)
+    for step in range(1, steps + 1):
+        grad = torch.randn(shape, generator=gen) * scale[1]
+        given_grad = grad.clone()
+        mod.adam_update(param, given_grad, exp_avg, exp_avg_sq, step, **hyper)
+        reference.grad = grad.clone()
+        torch_adam.step()
+        state = torch_adam.state[reference]
+        problems = [problem for what, got, want, atol in (
+            ("param", param, reference.detach(), 1e-6 * scale[0]), ("exp_avg", exp_avg, state["exp_avg"], 0.0),
+            ("exp_avg_sq", exp_avg_sq, state["exp_avg_sq"], 0.0), ("grad (must not change)", given_grad, grad, 0.0))
+            if (problem := diff_report(got, want, f"{hyper}, shape {shape}, step {step}: {what}", rtol=1e-5, atol=atol))]
+        assert_no_problems(problems, "adam_update vs torch.optim.Adam (L2 weight decay, amsgrad=False):")
 
 
 def _check_trains_like_data_parallel_adam(grade, stage):
@@ -575,6 +765,46 @@ def _check_state_dict_round_trip(grade, stage):
                                                   "to continue: the optimizer state of its share, the step counts)")
 
 
+def _check_documented_errors(grade, stage):
+    """Every error the docstrings promise, on every rank: stage 1 and 2 (ShardedOptimizer): an optimizer instance
+    instead of a class (TypeError), no trainable parameter (ValueError), add_param_group after construction
+    (NotImplementedError), a state_dict of another rank or world size (ValueError); stage 2: an optimizer class
+    that is not a subclass of one of ELEMENTWISE (ValueError; a subclass is accepted); stage 3: bad
+    hyperparameters, parameters on the root module, no trainable parameter (ValueError)."""
+    results = _results(grade("2.4"), stage, "refusals")
+    problems = [f"{_CLASSES[stage]}, rank {rank}: {problem}" for rank, r in enumerate(results) for problem in r]
+    assert_no_problems(problems, f"{_CLASSES[stage]} must refuse, with the error its docstring names:")
+
+
+def _check_unit_returning_a_tuple(grade, stage):
+    """A unit whose forward returns a tuple of two tensors (both used next): each output's gradient brings the unit
+    back before its backward (once), and training matches one process."""
+    results = _results(grade("2.4"), stage, "tuple")
+    assert_no_problems(_parameters_problems(results, "tuple", stage) + _memory_problems(results, "tuple", stage),
+                       _header("tuple", stage) + " (a unit's output may be a tuple or list of tensors: hook each one "
+                                                 "that requires grad, and gather the unit once before its backward)")
+
+
+def _check_two_forwards_then_one_backward(grade, stage):
+    """Every unit runs twice (two micro-batches forwarded) before one backward of the summed loss: each unit is
+    gathered for each forward and for its backward, reduced once when all its gradients are in, and training
+    matches one process."""
+    results = _results(grade("2.4"), stage, "two_forwards")
+    assert_no_problems(_parameters_problems(results, "two_forwards", stage) +
+                       _memory_problems(results, "two_forwards", stage),
+                       _header("two_forwards", stage) + " (a unit's parameters must stay usable until ALL its uses in "
+                                                        "this backward pass are done: its gradients all accumulated)")
+
+
+def _check_step_with_closure(grade, stage):
+    """optimizer.step(closure), as torch.optim takes it: the closure (zero_grad, forward, backward) runs once, before
+    the step, and step returns what it returned."""
+    results = _results(grade("2.4"), stage, "closure")
+    assert_no_problems(_parameters_problems(results, "closure", stage),
+                       _header("closure", stage) + " (step(closure) runs the closure once, with autograd on, and steps "
+                                                   "on the gradients it left)")
+
+
 def _one_test_per_stage(check, stages=tuple(_CLASSES)) -> None:
     """test_2_4_<what>_stage1..3 from `check(grade, stage)`: each stage is its own test (and world), so a
     negative control, or a learner's bug, in one stage fails only that stage's tests."""
@@ -594,3 +824,7 @@ for _check in (_check_trains_like_data_parallel_adam, _check_gradient_is_average
 for _check in (_check_param_groups_and_lr_scheduler, _check_optimizer_needing_whole_parameters,
                _check_state_dict_round_trip):
     _one_test_per_stage(_check, stages=(1, 2))
+_one_test_per_stage(_check_step_with_closure, stages=(1, 2))
+_one_test_per_stage(_check_documented_errors)
+_one_test_per_stage(_check_unit_returning_a_tuple, stages=(3,))
+_one_test_per_stage(_check_two_forwards_then_one_backward, stages=(3,))

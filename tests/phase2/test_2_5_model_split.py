@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import grading
 from compare import assert_no_problems, diff_report
@@ -83,6 +85,12 @@ def _pp_stage_grads(stage) -> dict[str, torch.Tensor | None]:
             for j, i in enumerate(stage.layer_range) for n, p in stage.layers[j].named_parameters()}
 
 
+def _pp_loss(loss) -> dict:
+    """A returned loss as plain data: its value, and whether it still holds a graph (it must be detached)."""
+    return {"loss": None if loss is None else float(loss),
+            "loss_attached": isinstance(loss, torch.Tensor) and (loss.requires_grad or loss.grad_fn is not None)}
+
+
 def _pp_problems(results: list[dict], expected_loss: float, expected_grads: dict, num_layers: int, what: str) -> list[str]:
     """Compare every rank's part with the unsplit model: layers held once, loss on the last rank, each gradient."""
     world, problems = len(results), []
@@ -95,6 +103,9 @@ def _pp_problems(results: list[dict], expected_loss: float, expected_grads: dict
         if rank < world - 1 and res["loss"] is not None:
             problems.append(f"{what}: rank {rank} returned a loss; only the last stage (rank {world - 1}) computes it")
     last = results[-1]["loss"]
+    if results[-1].get("loss_attached"):
+        problems.append(f"{what}: the loss returned on rank {world - 1} still requires grad (it holds the whole graph "
+                        "of the step): return it detached")
     if last is None:
         problems.append(f"{what}: the last stage (rank {world - 1}) returned no loss")
     elif abs(last - expected_loss) > 1e-5 * max(1.0, abs(expected_loss)):
@@ -197,6 +208,122 @@ def _round_trips(mod, rank: int) -> list[str]:
     return problems
 
 
+# ------------------------------------------------ the header protocol, without a world
+#
+# send_activation and recv_activation on a mailbox whose messages stay in this process: what one side
+# queues is what the other receives, byte for byte, into the buffer it allocates (as gloo would copy it).
+
+
+class _Wire:
+    """Messages in flight, in order: a send appends a copy of the tensor, a receive takes the first."""
+
+    def __init__(self):
+        self.messages: list[torch.Tensor] = []
+
+    def mailbox(self, mod, problems: list[str], case: str):
+        wire = self
+
+        class Loopback(mod.Mailbox):
+            def send(self, tensor, dst):
+                wire.messages.append(tensor.detach().clone().contiguous())
+                return mod.Delivery(self, dst)  # never posted: the wire is the transfer
+
+            def recv(self, buffer, src):
+                if not wire.messages:
+                    problems.append(f"{case}: a receive with no message left (the sender queued fewer)")
+                    raise _WrongSize
+                message = wire.messages.pop(0)
+                nbytes = message.numel() * message.element_size()
+                if buffer.numel() * buffer.element_size() != nbytes or not buffer.is_contiguous():
+                    problems.append(f"{case}: a {nbytes}-byte message ({message.dtype}, shape {tuple(message.shape)}) "
+                                    f"received into a buffer of {buffer.numel() * buffer.element_size()} bytes "
+                                    f"({buffer.dtype}, shape {tuple(buffer.shape)})")
+                    raise _WrongSize
+                buffer.reshape(-1).view(torch.uint8).copy_(message.reshape(-1).view(torch.uint8))
+                return buffer
+
+            def post(self):
+                pass
+
+            def flush(self):
+                pass
+
+        return Loopback()
+
+
+_PP_PROPERTY = settings(derandomize=True, database=None, deadline=None, max_examples=80,
+                        suppress_health_check=[HealthCheck.function_scoped_fixture])
+_PP_ACTIVATIONS = st.tuples(st.lists(st.integers(1, 3), min_size=0, max_size=8),
+                            st.sampled_from([torch.float32, torch.float16, torch.bfloat16, torch.float64]),
+                            st.booleans())
+
+
+def _pp_activation(shape: list[int], dtype: torch.dtype, transposed: bool) -> torch.Tensor:
+    """Small integers (exact in every dtype); transposed: the same values, not contiguous in memory."""
+    t = _round_trip_tensor(tuple(shape), dtype)
+    return t.transpose(0, -1).contiguous().transpose(0, -1) if transposed and t.dim() >= 2 else t
+
+
+def _pp_receive(sender_mod, receiver_mod, activation: torch.Tensor, case: str) -> list[str]:
+    """sender_mod's send_activation, then receiver_mod's recv_activation, over a _Wire."""
+    problems: list[str] = []
+    wire = _Wire()
+    sent = activation.clone()
+    wire.mailbox(sender_mod, problems, case).send_activation(activation, 1)
+    try:
+        got = wire.mailbox(receiver_mod, problems, case).recv_activation(0, torch.device("cpu"))
+    except _WrongSize:
+        return problems
+    if wire.messages:
+        problems.append(f"{case}: {len(wire.messages)} message(s) left over: the receiver took fewer than were sent")
+    elif not isinstance(got, torch.Tensor) or got.dtype != activation.dtype or got.shape != activation.shape:
+        problems.append(f"{case}: received {got.dtype if isinstance(got, torch.Tensor) else type(got).__name__} of "
+                        f"shape {tuple(getattr(got, 'shape', ()))}")
+    elif not torch.equal(got, activation):
+        problems.append(f"{case}: received values differ from the sent ones")
+    if not torch.equal(activation, sent):
+        problems.append(f"{case}: send_activation modified the activation it sent")
+    return problems
+
+
+@_PP_PROPERTY
+@given(activation=_PP_ACTIVATIONS)
+def test_2_5_header_protocol_matches_the_reference(grade, activation):
+    """Any activation send_activation can describe (0 to 8 dims, every dtype of DTYPES, contiguous or not): the
+    header is [dtype code, ndim, dim0, ..., dim7] as int64, zeros after the last dim, then the data; the
+    reference's recv_activation reads what yours sends, and yours reads what the reference's sends."""
+    mod, ref = grade("2.5").load(), grading.reference("2.5")
+    activation = _pp_activation(*activation)
+    case = f"{activation.dtype} activation of shape {tuple(activation.shape)}"
+    if not activation.is_contiguous():
+        case += " (not contiguous)"
+    wire = _Wire()
+    wire.mailbox(mod, [], case).send_activation(activation, 1)
+    header = [ref.DTYPES.index(activation.dtype), activation.dim(), *activation.shape]
+    header += [0] * (ref.HEADER_LEN - len(header))
+    first = wire.messages[0] if wire.messages else None
+    assert first is not None and first.dtype == torch.int64 and first.tolist() == header, (
+        f"{case}: send_activation's first message is "
+        f"{None if first is None else (first.dtype, first.tolist())}; the header is int64 {header}: "
+        "[dtype code = index in DTYPES, ndim, dim0, ..., dim7], zeros after the last dim")
+    problems = _pp_receive(mod, ref, activation, f"{case}, your send_activation to the reference's recv")
+    problems += _pp_receive(ref, mod, activation, f"{case}, the reference's send_activation to your recv")
+    assert_no_problems(problems, "the activation protocol (guidelines 2.5, \"Shapes and dtypes\"):")
+
+
+@pytest.mark.parametrize("shape,dtype", [((1,) * 9, torch.float32), ((2, 1, 1, 1, 1, 1, 1, 1, 2), torch.bfloat16),
+                                         ((2, 3), torch.int64), ((4,), torch.int32), ((2, 2), torch.bool),
+                                         ((3,), torch.uint8), ((2, 2), torch.complex64)])
+def test_2_5_send_activation_rejects_what_the_header_cannot_describe(grade, shape, dtype):
+    """More than MAX_DIMS dims, or a dtype not in DTYPES: ValueError (the header has no code for it)."""
+    mod = grade("2.5").load()
+    activation = torch.zeros(shape, dtype=dtype)
+    with pytest.raises(ValueError):
+        _Wire().mailbox(mod, [], "").send_activation(activation, 1)
+        pytest.fail(f"send_activation accepted a {dtype} tensor of {len(shape)} dims; the header describes at most "
+                    f"MAX_DIMS = {mod.MAX_DIMS} dims of a dtype in DTYPES: expected ValueError", pytrace=False)
+
+
 # ------------------------------------------------------------------ the shared world
 
 SPLIT_HIDDEN, SPLIT_BATCH = (32, 32, 16), 12  # 8 layers; the cuts carry (B, 32) and (B, 16) activations
@@ -210,14 +337,13 @@ def _run_split(mod, layers: nn.Sequential, num_stages: int, batches: list, rank:
     first, last = rank == 0, rank == num_stages - 1
     for x, y in batches:
         loss = mod.forward_backward(stage, x if first else None, y if last else None, F.cross_entropy)
-    return {"layers": list(stage.layer_range), "loss": None if loss is None else float(loss),
-            "grads": _pp_stage_grads(stage)}
+    return {"layers": list(stage.layer_range), **_pp_loss(loss), "grads": _pp_stage_grads(stage)}
 
 
 def _split_rank(ref: grading.ModuleRef, hidden: tuple[int, ...], batch: int) -> dict:
-    """Every 2.5 check in one world of 3 ranks (rank 2 sits out the 2-stage runs):
+    """Every 2.5 check in one world of 3 ranks (rank 2 sits out the 2-stage runs, ranks 1 and 2 the 1-stage one):
 
-    split: the MLP over 3 and over 2 stages; round_trips: activations of several ranks and
+    split: the MLP over 3, 2 and 1 stages (one stage is first and last at once); round_trips: activations of several ranks and
     dtypes through send_activation/recv_activation; models: a CNN and MLPs whose cut carries
     bf16/fp16/fp64 (only if every round trip worked: a wrong buffer could abort a rank);
     accumulate: two forward_backward calls on two batches, no zero_grad in between.
@@ -226,7 +352,7 @@ def _split_rank(ref: grading.ModuleRef, hidden: tuple[int, ...], batch: int) -> 
     dist.barrier()  # NCCL: the group's first collective must involve every rank (see Mailbox)
     rank, results = dist.get_rank(), {"split": {}, "models": {}}
     batches = [_pp_batch(batch, seed) for seed in (1, 2)]
-    for num_stages in (3, 2):
+    for num_stages in (3, 2, 1):
         results["split"][num_stages] = _run_split(mod, _pp_layers(hidden), num_stages, batches[:1], rank)
     results["round_trips"] = _round_trips(mod, rank)
     failed = torch.tensor([float(bool(results["round_trips"]))], device=current_device())
@@ -256,7 +382,7 @@ def _split_results(ref: grading.ModuleRef) -> list[dict]:
     return _pp_shared_world(_split_worlds, ref, _split_rank, 3, (SPLIT_HIDDEN, SPLIT_BATCH))
 
 
-@pytest.mark.parametrize("num_stages", [2, 3])
+@pytest.mark.parametrize("num_stages", [1, 2, 3])
 def test_2_5_split_model_matches_one_process(grade, num_stages):
     results = _split_results(grade("2.5"))
     loss, grads = _pp_expected(SPLIT_HIDDEN, SPLIT_BATCH)

@@ -6,6 +6,8 @@ Run them with `python tests/test_phase2.py -k 2_7` (your code) or
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import traceback
 
 import pytest
@@ -54,13 +56,45 @@ def _tp_data(world: int) -> dict:
         }
 
 
+_TP_CONTIGUOUS_ONLY = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter_tensor")
+
+
+@contextlib.contextmanager
+def _tp_contiguity_watch(found: list[str]):
+    """Every tensor handed to a collective inside the block must be contiguous (NCCL refuses others; gloo
+    copies quietly): the name of each collective that got one that is not is appended to `found`."""
+    saved = {}
+    for name in _TP_CONTIGUOUS_ONLY:
+        real = getattr(dist, name, None)
+        if real is None:
+            continue
+
+        @functools.wraps(real)
+        def watched(*args, _real=real, _name=name, **kwargs):
+            given = [*args, *kwargs.values()]
+            tensors = [t for a in given for t in (a if isinstance(a, (list, tuple)) else [a]) if isinstance(t, torch.Tensor)]
+            if any(not t.is_contiguous() for t in tensors):
+                found.append(_name)
+            return _real(*args, **kwargs)
+
+        saved[name] = real
+        setattr(dist, name, watched)
+    try:
+        yield
+    finally:
+        for name, real in saved.items():
+            setattr(dist, name, real)
+
+
 def _tp_logged(fn):
-    """(fn(), the collectives it called as (name, elements this rank sent, ranks of the group))."""
-    with CollectiveLog() as log:
+    """(fn(), the collectives it called as (name, elements this rank sent, ranks of the group), and the names of
+    those given a tensor that is not contiguous)."""
+    strided: list[str] = []
+    with CollectiveLog() as log, _tp_contiguity_watch(strided):
         result = fn()
     world = list(range(dist.get_world_size()))
     return result, [(_TP_SAME_COLLECTIVE.get(c.name, c.name), c.numel,
-                     tuple(world if c.group is None else dist.get_process_group_ranks(c.group))) for c in log.calls]
+                     tuple(world if c.group is None else dist.get_process_group_ranks(c.group))) for c in log.calls], strided
 
 
 def _tp_cpu(t):
@@ -68,21 +102,44 @@ def _tp_cpu(t):
 
 
 def _tp_fwd_bwd(module, x: torch.Tensor, g: torch.Tensor) -> dict:
-    """Forward, then backward with upstream gradient g; outputs, grads and collectives of each pass."""
-    x = x.clone().requires_grad_(True)
+    """Forward, then backward with upstream gradient g; outputs, grads and collectives of each pass, and whether
+    the input (forward) or the upstream gradient (backward) was modified. The copies keep x's and g's
+    memory layout (a non-contiguous x or g stays so)."""
+    x_given = x.clone().requires_grad_(True)
     params = dict(module.named_parameters()) if isinstance(module, nn.Module) else {}
-    y, fwd = _tp_logged(lambda: module(x))
-    out = {"y": _tp_cpu(y), "fwd": fwd, "bwd": None, "x_grad": None,
-           "params": {n: _tp_cpu(p) for n, p in params.items()}, "grads": {}}
+    y, fwd, strided = _tp_logged(lambda: module(x_given))
+    out = {"y": _tp_cpu(y), "fwd": fwd, "bwd": None, "x_grad": None, "x_changed": not torch.equal(x_given.detach(), x),
+           "g_changed": False, "params": {n: _tp_cpu(p) for n, p in params.items()}, "grads": {}, "strided": strided}
     if y.shape != g.shape:
         return out  # reported as a shape mismatch of y
-    _, out["bwd"] = _tp_logged(lambda: y.backward(g.clone()))  # a copy: an in-place backward may modify it
-    out["x_grad"] = _tp_cpu(x.grad)
+    g_given = g.clone()
+    _, out["bwd"], strided = _tp_logged(lambda: y.backward(g_given))
+    out["strided"] = out["strided"] + strided
+    out["g_changed"] = not torch.equal(g_given, g)
+    out["x_grad"] = _tp_cpu(x_given.grad)
     out["grads"] = {n: _tp_cpu(p.grad) for n, p in params.items()}
     return out
 
 
+def _tp_changed(got: dict, what: str) -> list[str]:
+    """Inputs that must come back unchanged (autograd may still use them); collectives on contiguous tensors."""
+    return ([f"{what}: forward modified its input x (communicate on a copy; autograd may still use x)"]
+            if got.get("x_changed") else []) + \
+        ([f"{what}: {', '.join(dict.fromkeys(got['strided']))} got a tensor that is not contiguous in memory (NCCL "
+          "refuses it; gloo copies it quietly): make tensors contiguous before a collective"]
+         if got.get("strided") else []) + \
+        ([f"{what}: backward modified the upstream gradient it was given (communicate on a copy; autograd may "
+          "still use it)"] if got.get("g_changed") else [])
+
+
+def _tp_strided(t: torch.Tensor) -> torch.Tensor:
+    """The same values, not contiguous in memory (the transpose of a contiguous transpose)."""
+    return t.transpose(0, -1).contiguous().transpose(0, -1)
+
+
 def _tp_ops(mod, data, dev):
+    """Each operator called as Op.apply(x, group) and as Op.apply(x) (default group), and once on inputs and
+    upstream gradients that are not contiguous in memory."""
     rank, world = dist.get_rank(), dist.get_world_size()
     small, wide = data["x_small"][rank].to(dev), data["x_wide"][rank].to(dev)
     g_small, g_wide = data["g_small"][rank].to(dev), data["g_wide"][rank].to(dev)
@@ -92,7 +149,12 @@ def _tp_ops(mod, data, dev):
         "gather": (mod.GatherFromTensorParallelRegion, small, g_wide),
         "scatter": (mod.ScatterToTensorParallelRegion, wide, g_small),
     }
-    return {name: _tp_fwd_bwd(fn.apply, x, g) for name, (fn, x, g) in cases.items()}
+    out = {}
+    for name, (fn, x, g) in cases.items():
+        out[name] = _tp_fwd_bwd(lambda t, fn=fn: fn.apply(t, None), x, g)
+        out[name, "default group"] = _tp_fwd_bwd(fn.apply, x, g)
+        out[name, "not contiguous"] = _tp_fwd_bwd(lambda t, fn=fn: fn.apply(t, None), _tp_strided(x), _tp_strided(g))
+    return out
 
 
 def _tp_full(kind: str, mod, data, dev, **kwargs):
@@ -106,8 +168,8 @@ def _tp_full(kind: str, mod, data, dev, **kwargs):
     return full
 
 
-_TP_COLUMN_RUNS = [(False, True), (True, True), (False, False)]  # (gather_output, bias)
-_TP_ROW_RUNS = [(True, True), (False, True), (True, False)]  # (input_is_parallel, bias)
+_TP_COLUMN_RUNS = [(False, True), (True, True), (False, False), (True, False)]  # (gather_output, bias)
+_TP_ROW_RUNS = [(True, True), (False, True), (True, False), (False, False)]  # (input_is_parallel, bias)
 
 
 def _tp_column(mod, data, dev, group=None):
@@ -178,9 +240,11 @@ def _tp_subgroup(mod, data, dev):
     groups = [dist.new_group(ranks) for ranks in _TP_HALVES]  # every rank creates both, in the same order
     group = groups[dist.get_rank() // 2]
     full = _tp_full("mlp", mod, data, dev)
+    attention = mod.ParallelSelfAttention.from_full(_tp_full("attention", mod, data, dev), group=group)
     return {"mlp": _tp_fwd_bwd(mod.ParallelMLP.from_full(full, group=group), data["x_mlp"].to(dev), data["g_mlp"].to(dev)),
             "column": _tp_column(mod, data, dev, group)[True, True],
-            "row": _tp_row(mod, data, dev, group)[False, True]}
+            "row": _tp_row(mod, data, dev, group)[False, True],
+            "attention": _tp_fwd_bwd(attention, data["x_attention"].to(dev), data["g_attention"].to(dev))}
 
 
 _TP_SECTIONS = {"ops": _tp_ops, "column": _tp_column, "row": _tp_row, "mlp": _tp_mlp,
@@ -244,7 +308,7 @@ def _tp_calls_text(calls) -> str:
 def _tp_problems(got: dict, expected: dict, shard, what: str, fwd=None, bwd=None) -> list[str]:
     """Compare one rank's run with the ground truth. shard(name, full tensor) -> this rank's expected part.
     fwd / bwd: the exact list of collectives expected in each pass (None: not checked)."""
-    problems, grads_to_check = [], []
+    problems, grads_to_check = _tp_changed(got, what), []
     for name, full in expected["params"].items():
         if name not in got["params"]:
             problems.append(f"{what}: no parameter named {name}")
@@ -309,15 +373,19 @@ def test_2_7_f_g_gather_scatter_operators(grade, world):
                         "ScatterToTensorParallelRegion: forward this rank's slice, backward all-gather"),
         }
         for name, (y, x_grad, fwd, bwd, what) in expected.items():
-            got, where = ops[name], f"{what}; on rank {rank} of {world}"
-            problem = diff_report(got["y"], y, f"{where}: output", **_TP_TOL) or \
-                (f"{where}: the input got no gradient" if got["x_grad"] is None else
-                 diff_report(got["x_grad"], x_grad, f"{where}: input gradient", **_TP_TOL))
-            if problem:
-                problems.append(problem)
-            for phase, calls, want in (("forward", got["fwd"], fwd), ("backward", got["bwd"], bwd)):
-                if want is not None and calls != want:
-                    problems.append(f"{where}: its {phase} must not communicate, it made {_tp_calls_text(calls)}")
+            for variant, how in ((name, "Op.apply(x, None)"), ((name, "default group"), "Op.apply(x)"),
+                                 ((name, "not contiguous"), "Op.apply(x, None), x and the upstream gradient not "
+                                                            "contiguous in memory")):
+                got, where = ops[variant], f"{what}; {how}, on rank {rank} of {world}"
+                problem = diff_report(got["y"], y, f"{where}: output", **_TP_TOL) or \
+                    (f"{where}: the input got no gradient" if got["x_grad"] is None else
+                     diff_report(got["x_grad"], x_grad, f"{where}: input gradient", **_TP_TOL))
+                if problem:
+                    problems.append(problem)
+                problems += _tp_changed(got, where)
+                for phase, calls, want in (("forward", got["fwd"], fwd), ("backward", got["bwd"], bwd)):
+                    if want is not None and calls != want:
+                        problems.append(f"{where}: its {phase} must not communicate, it made {_tp_calls_text(calls)}")
     assert_no_problems(problems, f"the region operators are wrong in a world of {world} (rank r's input is "
                                  f"different on every rank; {n} elements each):")
 
@@ -398,26 +466,30 @@ def test_2_7_parallel_mlp_matches_reference_one_allreduce_each_way(grade, world)
                                  "with exactly one all-reduce of b*s*h elements in forward (g) and one in backward (f):")
 
 
+def _tp_attention_problems(got: dict, data: dict, ref, causal: bool, rank: int, world: int, where: str,
+                           ranks=None) -> list:
+    c = _TP_SIZES
+    e = c["embed"]
+    full = ref.SelfAttention(e, c["heads"], causal=causal)
+    full.load_state_dict(data["attention"])
+    truth = _tp_reference(full, data["x_attention"], data["g_attention"])
+
+    def shard(name, t):  # qkv: this rank's heads of each of q, k, v; out: row-parallel
+        if name.startswith("qkv"):
+            return torch.cat([part.chunk(world, dim=0)[rank] for part in t.split(e, dim=0)])
+        return _tp_cols_or_whole(rank, world)(name, t)
+
+    one = _tp_expect(world, ("all_reduce", c["batch"] * c["seq"] * e), ranks=ranks)
+    return _tp_problems(got, truth, shard, where, fwd=one, bwd=one)
+
+
 @pytest.mark.parametrize("world", _TP_WORLDS)
 def test_2_7_parallel_attention_matches_reference_one_allreduce_each_way(grade, world):
     results = _tp_section(grade("2.7"), world, "attention")
     data, c, ref = _tp_data(world), _TP_SIZES, grading.reference("2.7")
-    e = c["embed"]
-    one = _tp_expect(world, ("all_reduce", c["batch"] * c["seq"] * e))
-    problems = []
-    for causal in (False, True):
-        full = ref.SelfAttention(e, c["heads"], causal=causal)
-        full.load_state_dict(data["attention"])
-        truth = _tp_reference(full, data["x_attention"], data["g_attention"])
-        for rank, runs in enumerate(results):
-            def shard(name, t, rank=rank):  # qkv: this rank's heads of each of q, k, v; out: row-parallel
-                if name.startswith("qkv"):
-                    return torch.cat([part.chunk(world, dim=0)[rank] for part in t.split(e, dim=0)])
-                return _tp_cols_or_whole(rank, world)(name, t)
-
-            problems += _tp_problems(runs[causal], truth, shard,
-                                     f"ParallelSelfAttention(causal={causal}) on rank {rank} of {world}",
-                                     fwd=one, bwd=one)
+    problems = [problem for causal in (False, True) for rank, runs in enumerate(results)
+                for problem in _tp_attention_problems(runs[causal], data, ref, causal, rank, world,
+                                                      f"ParallelSelfAttention(causal={causal}) on rank {rank} of {world}")]
     assert_no_problems(problems, f"ParallelSelfAttention ({c['heads']} heads, {c['heads'] // world} per rank) must equal "
                                  "the unsharded SelfAttention; rank r's qkv holds [W_q; W_k; W_v] rows of ITS heads; "
                                  "exactly one all-reduce of b*s*h elements in forward and one in backward:")
@@ -436,6 +508,8 @@ def test_2_7_layers_built_on_a_group_communicate_only_within_it(grade):
                                      f"ParallelMLP(group={ranks}) on rank {rank} of 4", one)
         problems += _tp_column_problems(got["column"], data, True, True, tp_rank, 2, ranks=ranks)
         problems += _tp_row_problems(got["row"], data, False, True, tp_rank, 2, ranks=ranks)
+        problems += _tp_attention_problems(got["attention"], data, ref, False, tp_rank, 2,
+                                           f"ParallelSelfAttention(group={ranks}) on rank {rank} of 4", ranks=ranks)
     assert_no_problems(problems, "with group=, the shards are those of the group's rank (dist.get_rank(group)) and its "
                                  "size, and every collective goes to that group (group=... in each call):")
 

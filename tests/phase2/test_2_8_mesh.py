@@ -27,6 +27,7 @@ from common.measure import CollectiveLog
 
 _MESH_WORLD = 4
 _MESH_SHAPES = [(2, 2), (4, 1), (1, 4)]  # (dp, tp)
+_MESH_MISFITS = [(3, 1), (2, 3), (1, 2)]  # (dp, tp) with dp * tp != 4: build_groups raises ValueError
 _MESH_SIZES = dict(batch=8, hidden=8, ffn=16, steps=3, lr=0.2)
 _MESH_TOL = dict(rtol=1e-5, atol=1e-6)
 
@@ -48,6 +49,15 @@ def _mesh_ranks(group) -> list[int]:
 def _mesh_groups_rank(ref: grading.ModuleRef) -> dict:
     """For each shape: the ranks each returned group claims, and the ranks an all-reduce over it reaches."""
     mod, rank, out = ref.load(), dist.get_rank(), {}
+    out["refused"] = {}
+    for dp, tp in _MESH_MISFITS:  # before any group: a mesh that does not cover the world is refused by every rank
+        try:
+            mod.build_groups(dp, tp)
+            out["refused"][dp, tp] = "returned"
+        except ValueError:
+            out["refused"][dp, tp] = None
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            out["refused"][dp, tp] = f"raised {type(exc).__name__}: {exc}"
     for dp, tp in _MESH_SHAPES:
         try:
             groups = mod.build_groups(dp, tp)
@@ -153,7 +163,9 @@ def test_2_8_groups_are_the_rows_and_columns_of_the_mesh(grade):
     for rank, result in enumerate(results):
         if "error" in result:
             _mesh_raise(rank, result["error"], "build_groups")
-    problems = []
+    problems = [f"rank {rank}: build_groups({dp}, {tp}) in a world of {_MESH_WORLD} {got}; expected ValueError "
+                f"(dp * tp must equal the world size)"
+                for rank, result in enumerate(results) for (dp, tp), got in result["refused"].items() if got]
     for dp, tp in _MESH_SHAPES:
         for rank, result in enumerate(results):
             expected = _mesh_expected(rank, dp, tp)

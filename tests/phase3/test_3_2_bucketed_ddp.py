@@ -7,8 +7,10 @@ One world of 3 ranks runs every scenario next to torch's own DistributedDataPara
 (same models, same data), and each test reads the scenarios it grades. What is graded
 is behaviour: the gradients torch DDP produces, the all_reduce calls a step makes (how
 many, asynchronous or not) and when they are launched relative to the gradient hooks of
-the first layer (an order of events, no clock). Bucket assignment is graded against the
-rule its docstring states.
+the first layer (an order of events, no clock). In one scenario an async all-reduce
+delivers its result only when its own Work is waited for (tests/phase3/delayed_all_reduce.py),
+so gradients read before every Work was waited are caught deterministically. Bucket
+assignment is graded against the rule its docstring states.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import grading
 from common.measure import CollectiveLog
 from compare import assert_no_problems, diff_report
+from phase3.delayed_all_reduce import DelayedAllReduce
 from scenarios import SharedWorld, run_scenarios
 
 _WORLD = 3
@@ -193,10 +196,21 @@ def _scenario_no_sync(mod, rank: int) -> dict:
             _loss(model, 2, rank).backward()
         _loss(model, 3, rank).backward()
 
+    def nested(model):
+        with model.no_sync():
+            with model.no_sync():
+                pass
+            loss = _loss(model, 4, rank)  # still inside the outer block: no sync
+        loss.backward()
+
     case("forward inside no_sync(), backward outside", forward_inside)
     case("forward outside no_sync(), backward inside", backward_inside)
     case("2 micro-batches, the first inside no_sync()", accumulate)
+    case(_NESTED, nested)
     return out
+
+
+_NESTED = "forward in an outer no_sync() after an inner no_sync() ended"
 
 
 def _scenario_unused(mod, rank: int) -> dict:
@@ -214,6 +228,47 @@ def _scenario_unused(mod, rank: int) -> dict:
         _loss(ref, step, rank).backward()
         out.append({"ours": _grads(ours_net), "torch": _grads(torch_net), "calls": _calls(log)})
     return out
+
+
+def _scenario_unused_accumulated(mod, rank: int) -> list:
+    """`branch` has a .grad from earlier backwards when rank 0 leaves it out: a micro-batch inside no_sync() that
+    uses it everywhere, then 2 synced backwards (no zero_grad between them) where rank 0 skips it."""
+    ours_net, torch_net = _net(seed=5), _net(seed=5)
+    ours = mod.BucketedDDP(ours_net, bucket_cap_mb=_CAP_BYTES / 2**20)
+    ref = DDP(torch_net, find_unused_parameters=True)
+    for model in (ours, ref):
+        model.module.use_branch = True
+        with model.no_sync():
+            _loss(model, 0, rank).backward()
+        model.module.use_branch = rank != 0
+    out = []
+    for step in (1, 2):
+        with _log(mod) as log:
+            _loss(ours, step, rank).backward()
+        _loss(ref, step, rank).backward()
+        out.append({"ours": _grads(ours_net), "torch": _grads(torch_net), "calls": _calls(log)})
+    return out
+
+
+def _scenario_late_delivery(mod, rank: int) -> list:
+    """2 SGD steps like "train", but each async all-reduce delivers its result only when its Work is waited for
+    (tests/phase3/delayed_all_reduce.py): a bucket whose Work is never waited keeps its unreduced values."""
+    ours_net, torch_net = _net(seed=rank), _net(seed=rank)
+    ours = mod.BucketedDDP(ours_net, bucket_cap_mb=_CAP_BYTES / 2**20)
+    ref = DDP(torch_net)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ours_net, torch_net)]
+    steps = []
+    for step in range(2):
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        with DelayedAllReduce(also_in=(mod,)):
+            _loss(ours, step, rank).backward()
+            returned = _grads(ours_net)  # what the optimizer would read once backward has returned
+        _loss(ref, step, rank).backward()
+        steps.append({"ours": returned, "torch": _grads(torch_net)})
+        for opt in opts:
+            opt.step()
+    return steps
 
 
 def _scenario_tied_frozen(mod, rank: int) -> dict:
@@ -269,6 +324,7 @@ def _scenario_subgroup(mod, rank: int) -> dict | None:
 
 
 _SCENARIOS = {"train": _scenario_train, "no_sync": _scenario_no_sync, "unused": _scenario_unused,
+              "unused_accumulated": _scenario_unused_accumulated, "late_delivery": _scenario_late_delivery,
               "subgroup": _scenario_subgroup, "tied_frozen": _scenario_tied_frozen}
 
 
@@ -424,7 +480,8 @@ def test_3_2_no_sync_decided_at_forward_like_ddp(grade):
     problems = []
     syncs = {"forward inside no_sync(), backward outside": False,
              "forward outside no_sync(), backward inside": True,
-             "2 micro-batches, the first inside no_sync()": True}
+             "2 micro-batches, the first inside no_sync()": True,
+             _NESTED: False}
     for rank, r in enumerate(ranks):
         for what, should_sync in syncs.items():
             case = r[what]
@@ -435,7 +492,9 @@ def test_3_2_no_sync_decided_at_forward_like_ddp(grade):
             elif names:
                 problems.append(f"{what}, rank {rank}: called {names}; torch DDP does not sync (its forward "
                                 "prepared no reduction)")
-    assert_no_problems(problems, "no_sync(): torch DDP decides at FORWARD whether the backward syncs:")
+    assert_no_problems(problems, "no_sync(): torch DDP decides at FORWARD whether the backward syncs, and leaving a "
+                                 "no_sync() block restores the setting in force when it was entered (an inner block "
+                                 "ending inside an outer one leaves sync off):")
 
 
 def test_3_2_unused_parameter_neither_hangs_nor_breaks_the_average(grade):
@@ -455,6 +514,34 @@ def test_3_2_unused_parameter_neither_hangs_nor_breaks_the_average(grade):
                 problems.append(f"`branch` unused on every rank, rank {rank}: {name}.grad is not None nor zeros "
                                 f"(max |grad| {got.abs().max().item():.3g}); no rank computed a gradient for it")
     assert_no_problems(problems, "a parameter without a gradient this step counts as a zero gradient on its rank:")
+
+
+def test_3_2_unused_parameter_contributes_its_accumulated_grad(grade):
+    ranks = _results(grade("3.2"), "unused_accumulated")
+    problems = []
+    for rank, steps in enumerate(ranks):
+        for step, s in enumerate(steps, start=1):
+            what = (f"synced backward {step} after a no_sync() micro-batch, `branch` unused on rank 0 only, "
+                    f"rank {rank}")
+            problems += _grad_problems(s["ours"], s["torch"], what)
+            problems += _count_problems(s["calls"], what)
+    assert_no_problems(problems, "a parameter this rank did not use in the backward contributes its .grad as it "
+                                 "stands (here: what a no_sync() micro-batch, then the previous step, accumulated), "
+                                 "zeros only if it has none; torch DDP (find_unused_parameters=True) does the same. "
+                                 "`branch` used everywhere inside no_sync(), then skipped by rank 0 in 2 synced "
+                                 "backwards without zero_grad:")
+
+
+def test_3_2_backward_returns_after_every_all_reduce_completes(grade):
+    ranks = _results(grade("3.2"), "late_delivery")
+    problems = []
+    for rank, steps in enumerate(ranks):
+        for step, s in enumerate(steps, start=1):
+            problems += _grad_problems(s["ours"], s["torch"], f"step {step}, rank {rank}, read as backward() returned")
+    assert_no_problems(problems, "here an async all-reduce puts its result into the bucket only when ITS Work is "
+                                 "waited for (as a slow network may: collectives can finish in any order); every "
+                                 ".grad must hold the average once loss.backward() returns, so the final callback "
+                                 "waits for every bucket's Work, not only the last one's:")
 
 
 def test_3_2_subgroup_without_global_rank_0(grade):

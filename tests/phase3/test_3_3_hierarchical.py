@@ -34,6 +34,12 @@ _HIER_CASES = [  # (dtype, shape): numel divisible by the node size or not, smal
     (torch.float32, (1001,)), (torch.float32, (3, 5, 7)), (torch.float64, (17,)), (torch.int64, (4, 4)),
     (torch.int32, (1,)), (torch.float16, (33,)), (torch.bfloat16, (5,)), (torch.float32, ()),
 ]
+# Exact cases: values whose sums need more than float32's 24-bit mantissa (int64 and float64 near 2**40, int32
+# near 2**28, complex64 with an imaginary part), exactly representable so that any order of addition gives the
+# same bits; numel 7 needs padding for node sizes 2, 3 and 4. Compared bit for bit with dist.all_reduce.
+_HIER_EXACT_CASES = [(torch.int64, "sum"), (torch.float64, "sum"), (torch.float64, "avg"), (torch.int32, "sum"),
+                     (torch.complex64, "sum"), (torch.int8, "sum"), (torch.uint8, "sum")]
+_HIER_EXACT_NUMEL = 7
 _HIER_BYTES_NUMEL = 840  # divisible by every node size above: no padding in the count
 _TOPOLOGY_FIELDS = ("rank", "node_rank", "local_rank", "num_nodes", "ranks_per_node")
 _TORCHRUN_DEADLINE_S = float(os.environ.get("COURSE_TORCHRUN_TIMEOUT", "120"))
@@ -107,6 +113,57 @@ def _topology_checks(mod, shape) -> dict:
     return out
 
 
+def _exact_input(dtype: torch.dtype, numel: int, gen: torch.Generator) -> torch.Tensor:
+    """Values far beyond float32's precision whose sum over 6 ranks is exact in `dtype`, in any order."""
+    if dtype == torch.int64:
+        return torch.randint(-2**41, 2**41, (numel,), generator=gen, dtype=torch.int64)
+    if dtype == torch.float64:  # multiples of 1/8 up to 2**41: sums of 6 need 47 bits of the 53
+        return torch.randint(-2**44, 2**44, (numel,), generator=gen, dtype=torch.int64).double() / 8
+    if dtype == torch.int32:  # up to 2**28: sums of 6 stay below 2**31
+        return torch.randint(-2**28, 2**28, (numel,), generator=gen, dtype=torch.int32)
+    if dtype == torch.complex64:  # integers up to 2**20 in both parts: exact in float32
+        parts = torch.randint(-2**20, 2**20, (numel, 2), generator=gen).float()
+        return torch.view_as_complex(parts.contiguous())
+    if dtype == torch.int8:
+        return torch.randint(-20, 21, (numel,), generator=gen, dtype=torch.int8)
+    if dtype == torch.uint8:
+        return torch.randint(0, 41, (numel,), generator=gen, dtype=torch.uint8)
+    raise ValueError(dtype)
+
+
+def _exact_checks(mod, groups, shape) -> tuple[list[str], dict]:
+    """Your hierarchical_all_reduce on _HIER_EXACT_CASES: the same bits as dist.all_reduce (avg: to 1e-13)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    problems, results = [], {}
+    for index, (dtype, op) in enumerate(_HIER_EXACT_CASES):
+        gen = torch.Generator().manual_seed(5000 + 100 * rank + index)
+        x = _exact_input(dtype, _HIER_EXACT_NUMEL, gen)
+        expected = x.clone()
+        dist.all_reduce(expected)
+        if op == "avg":
+            expected /= world
+        actual = x.clone()
+        returned = mod.hierarchical_all_reduce(actual, groups, op=op)
+        what = f"hierarchical_all_reduce(op={op!r}, {dtype}, {_HIER_EXACT_NUMEL} values near {_magnitude(dtype)})"
+        where = f"{what} on rank {rank}, {_where(shape)}"
+        if returned is not actual:
+            problems.append(f"{where}: must reduce the given tensor in place and return it")
+        if actual.dtype != dtype:
+            problems.append(f"{where}: the tensor's dtype became {actual.dtype}")
+            continue
+        problem = diff_report(actual, expected, where, rtol=1e-13 if op == "avg" else 0, atol=0)
+        if problem:
+            problems.append(problem + " (a buffer, padding included, of another dtype than the tensor's, e.g. "
+                                      "torch.zeros' default float32, rounds these values)")
+        results[what] = actual
+    return problems, results
+
+
+def _magnitude(dtype: torch.dtype) -> str:
+    return {torch.int64: "2**41", torch.float64: "2**41 (in eighths)", torch.int32: "2**28",
+            torch.complex64: "2**20 (real and imaginary)", torch.int8: "20", torch.uint8: "40"}[dtype]
+
+
 def _reduce_checks(mod, groups, shape) -> dict:
     """Your hierarchical_all_reduce on the reference's groups: results, problems, groups used, bytes across nodes."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -145,6 +202,9 @@ def _reduce_checks(mod, groups, shape) -> dict:
                                 "and the inter-node group")
             elif op == "bytes" and len(nodes) > 1:
                 crossing += ring_elements_sent(call, len(members)) * dtype.itemsize
+    exact_problems, exact_results = _exact_checks(mod, groups, shape)
+    problems += exact_problems
+    results.update(exact_results)
     return {"problems": problems, "results": results, "crossing": crossing}
 
 
@@ -329,7 +389,9 @@ def _time_formula(nbytes, n, k, intra, inter, nics) -> dict:
     if p == 1:
         return {"flat_ring": 0.0, "hierarchical": 0.0}
     c = nbytes / p
-    step = max([intra.alpha + c / intra.bandwidth] + ([inter.alpha + c / inter.bandwidth] if n > 1 else []))
+    hops = [intra.alpha + c / intra.bandwidth] if k > 1 else []
+    hops += [inter.alpha + c / inter.bandwidth] if n > 1 else []
+    step = max(hops)  # the slowest hop of those the ring has: intra-node ones if k > 1, node-crossing ones if n > 1
     per_rank_bw = inter.bandwidth * min(1.0, (k if nics is None else nics) / k)
     return {"flat_ring": 2 * (p - 1) * step,
             "hierarchical": 2 * (k - 1) * (intra.alpha + nbytes / k / intra.bandwidth)
@@ -370,6 +432,35 @@ def test_3_3_cost_model_matches_the_alpha_beta_formula(grade):
                             problems.append(f"predict_seconds({nbytes:g} B, {n}x{k}, NVLink / {label}, "
                                             f"nics_per_node={nics})[{key!r}] = {value:.6g}, expected {want[key]:.6g}")
     assert_no_problems(problems, "alpha-beta model of a flat ring vs hierarchical all-reduce (guidelines 3.3):")
+
+
+def test_3_3_flat_ring_step_waits_for_its_slowest_hop(grade):
+    """Links where the node's own links are the slow ones (for every size, or only for small messages):
+    a flat ring's step is its slowest hop, inside a node or across."""
+    mod = grade("3.3").load()
+    links = {
+        "PCIe-only nodes (8 us, 16 GB/s) with a 400 Gb/s network (5 us)":
+            (mod.Link(alpha=8e-6, bandwidth=16e9), mod.Link(alpha=5e-6, bandwidth=400e9 / 8)),
+        "a high-latency node link (20 us, 300 GB/s) with a 100 Gb/s network (5 us)":
+            (mod.Link(alpha=20e-6, bandwidth=300e9), mod.Link(alpha=5e-6, bandwidth=100e9 / 8)),
+    }
+    problems = []
+    for n, k in _CLUSTERS:
+        for label, (intra, inter) in links.items():
+            for nbytes in (1e3, 1e8):
+                got = mod.predict_seconds(nbytes, n, k, intra, inter)
+                want = _time_formula(nbytes, n, k, intra, inter, None)
+                for key in want:
+                    value = got.get(key, float("nan"))
+                    if not abs(value - want[key]) <= 1e-9 * max(want[key], 1e-12):
+                        c = nbytes / (n * k)
+                        hops = (f"intra hop {intra.alpha + c / intra.bandwidth:.3g} s, " if k > 1 else "") + \
+                               (f"inter hop {inter.alpha + c / inter.bandwidth:.3g} s" if n > 1 else "")
+                        problems.append(f"predict_seconds({nbytes:g} B, {n}x{k}, {label})[{key!r}] = {value:.6g}, "
+                                        f"expected {want[key]:.6g} (a step of {c:g} B: {hops.rstrip(', ')})")
+    assert_no_problems(problems, "a ring step lasts as long as its slowest hop, whichever kind it is: the hops inside "
+                                 "a node (if k > 1) and the hops that leave one (if N > 1); nodes whose own links "
+                                 "are slower than the network exist (PCIe-only servers with fast NICs):")
 
 
 def test_3_3_cost_model_caps_a_rank_at_one_nic(grade):

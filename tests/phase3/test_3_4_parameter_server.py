@@ -17,7 +17,8 @@ the parameters it computes on.
 
 from __future__ import annotations
 
-import time
+import inspect
+import threading
 from collections import Counter
 from datetime import timedelta
 from functools import partial
@@ -41,7 +42,10 @@ _GATE_S = 15  # how long the slow worker waits for the fast ones before reportin
 
 _SYNC_STEPS, _SYNC_BATCH = 3, 4  # per worker
 _SSP_STEPS, _SSP_BOUND = 5, 1
-_DIGITS_EPOCHS, _DIGITS_BATCH, _DIGITS_ACCURACY = 4, 16, 0.90
+# Asynchronous SGD's result depends on how the workers interleave: 0.944-0.967 in 8 runs here (mean
+# staleness 1.8-2.0), and 0.8999 once with the machine loaded 5x over (2 cores). The threshold
+# catches a server that applies gradients wrongly (that lands near chance, 0.1), not bad luck.
+_DIGITS_EPOCHS, _DIGITS_BATCH, _DIGITS_ACCURACY = 4, 16, 0.85
 
 
 class Ticked(nn.Module):
@@ -204,44 +208,107 @@ _UNEQUAL_BOUND = 1  # async: the long workers' 3rd push is held until the short 
 
 def _unequal_rank(ref: grading.ModuleRef) -> dict:
     """Workers with unequal numbers of batches, in sync mode then async (bound 1). The short
-    worker sends DONE only once the others have started their step 2 (async) or 1 (sync) and
-    had time to push it: their reply then waits on what the short worker's DONE does."""
+    worker sends DONE only once every server has received the others' push of their step 1
+    (sync: the round the short worker has no batch for) or 2 (async: the push the bound holds
+    back while the short worker is active): their reply then waits on what the DONE does."""
     mod = ref.load()
     return run_scenarios({mode: partial(_unequal_scenario, mod, mode) for mode in _UNEQUAL}, _AGREE_S)
 
 
+class _PushReceipts:
+    """In a server rank: each time a receive of a floating-point tensor from a worker completes (a pushed
+    gradient; headers are int64), set the store key f"{prefix}/{server}/{worker}/{n}" for its n-th push (from 1).
+
+    It watches `irecv`, through which `dist.recv` receives too, on torch.distributed, its c10d module and any
+    alias in `also_in` modules: an observable event of the protocol, whatever loop the server runs (one thread, a
+    thread per worker, blocking or not). The short worker of the unequal scenario waits for these keys, so its DONE
+    is sent after the pushes it must follow, by a condition, not a clock."""
+
+    def __init__(self, store, prefix: str, also_in: tuple = ()):
+        self.store, self.prefix, self.also_in = store, prefix, also_in
+        self.counts: Counter = Counter()
+        self.lock = threading.Lock()
+        self._saved: list = []
+
+    def _received(self, tensor: torch.Tensor, sender: int) -> None:
+        if not tensor.is_floating_point() or sender < _K:
+            return
+        with self.lock:
+            self.counts[sender] += 1
+            n = self.counts[sender]
+        self.store.set(f"{self.prefix}/{dist.get_rank()}/{sender}/{n}", "1")
+
+    def __enter__(self) -> "_PushReceipts":
+        real = dist.distributed_c10d.irecv
+        signature = inspect.signature(real)
+        receipts = self
+
+        class Watched:
+            """The Work of an irecv; the receipt is recorded when the first wait() returns."""
+
+            def __init__(self, work, tensor, arguments):
+                self._work, self._tensor, self._arguments, self._seen = work, tensor, arguments, False
+
+            def wait(self, *args, **kwargs):
+                result = self._work.wait(*args, **kwargs)
+                if not self._seen:
+                    self._seen = True
+                    group = self._arguments.get("group") or dist.group.WORLD
+                    src, group_src = self._arguments.get("src"), self._arguments.get("group_src")
+                    if src is None:
+                        group_src = self._work._source_rank() if group_src is None else group_src
+                        src = dist.get_global_rank(group, group_src)
+                    receipts._received(self._tensor, src)
+                return result
+
+            def __getattr__(self, name):
+                return getattr(self._work, name)
+
+        def irecv(*args, **kwargs):
+            arguments = signature.bind(*args, **kwargs).arguments
+            work = real(*args, **kwargs)
+            return work if work is None else Watched(work, arguments["tensor"], arguments)
+
+        irecv.__signature__ = signature
+        for module in (dist, dist.distributed_c10d, *self.also_in):
+            for name, value in list(vars(module).items()):
+                if value is real:
+                    self._saved.append((module, name, real))
+                    setattr(module, name, irecv)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for module, name, real in reversed(self._saved):
+            setattr(module, name, real)
+        self._saved.clear()
+
+
 def _unequal_scenario(mod, mode: str) -> dict:
     model = _sync_model()
+    store = dist.distributed_c10d._get_default_store()
+    prefix = f"ps34/unequal/{mode}/received"
+    counts = _UNEQUAL[mode]
+    push = counts[0] + 1 + (1 if mode == "async" else 0)  # the others' push (1-based) the DONE must follow
     if dist.get_rank() < _K:
         bound = _UNEQUAL_BOUND if mode == "async" else None
-        record = mod.ParameterServer(list(model.parameters()), _SYNC_ASSIGNMENT, _K, _LR, mode=mode,
-                                     staleness_bound=bound).serve()
+        with _PushReceipts(store, prefix, also_in=(mod,)):
+            record = mod.ParameterServer(list(model.parameters()), _SYNC_ASSIGNMENT, _K, _LR, mode=mode,
+                                         staleness_bound=bound).serve()
         return {"record": _plain(record)}
-    store = dist.distributed_c10d._get_default_store()
     j = _worker_index()
-    counts = _UNEQUAL[mode]
     part = slice(j * _SYNC_BATCH, (j + 1) * _SYNC_BATCH)
     mine = [(x[part], y[part]) for x, y in _sync_batches() * 2][:counts[j]]
-    wait_for = counts[0] + (1 if mode == "async" else 0)  # the step of the others to see started
 
     def batches():
         yield from mine
-        if j == 0:  # the short worker: its DONE comes after the others' next push
-            keys = [f"ps34/unequal/{mode}/{u}/{wait_for}" for u in range(1, _W)]
+        if j == 0:  # the short worker: its DONE comes after every server has received the others' push
+            keys = [f"{prefix}/{k}/{_K + u}/{push}" for k in range(_K) for u in range(1, _W)]
             try:
                 store.wait(keys, timedelta(seconds=_GATE_S))
             except Exception:  # noqa: BLE001 - only makes the DONE earlier: nothing to report
                 pass
-            time.sleep(0.5)  # their push reaches the servers first
 
-    started = [0]
-
-    def loss_fn(m, batch):
-        store.set(f"ps34/unequal/{mode}/{j}/{started[0]}", "1")
-        started[0] += 1
-        return F.cross_entropy(m(batch[0]), batch[1])
-
-    steps = mod.run_worker(model, batches(), loss_fn, _SYNC_ASSIGNMENT, _K)
+    steps = mod.run_worker(model, batches(), lambda m, b: F.cross_entropy(m(b[0]), b[1]), _SYNC_ASSIGNMENT, _K)
     return {"steps": steps, "params": [p.detach().clone() for p in model.parameters()]}
 
 

@@ -5,9 +5,11 @@ Run them with `python tests/test_phase4.py -k 4_2` (your code) or
 
 Cheap checks first, in this process (resume from the newest valid checkpoint; a SIGTERM
 mid-step saves at the next step boundary, and the resumed run is bitwise the run that was
-never stopped) and in one world of 2 ranks (a SIGTERM seen by ONE rank stops BOTH at the
-same boundary; the rank and world size a loop hands its step are those of the current
-attempt, after the process group is rebuilt at another size and with other ranks).
+never stopped; the handler takes the signals it is given and no other; extra_progress is
+saved and handed back to on_resume) and in worlds of 2 ranks (a SIGTERM seen by ONE rank
+stops BOTH at the same boundary, and no rank reports the stop before the checkpoint is on
+disk; the rank and world size a loop hands its step are those of the current attempt,
+after the process group is rebuilt at another size and with other ranks).
 
 Then the real thing, ONE torchrun job (`--standalone --nproc-per-node=2 --max-restarts=3`)
 driven by the fault injector: SIGKILL rank 1 in a backward, rank 0 inside DDP's
@@ -24,11 +26,16 @@ dead attempt's gloo addresses (guidelines 4.2, "the store-reuse pitfall").
 
 from __future__ import annotations
 
+import copy
 import os
 import pickle
 import signal
+import sys
+import threading
+import time
 import traceback
 import warnings
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -90,16 +97,20 @@ def _net() -> nn.Module:
         return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
 
 
-def _local_run(mod, folder, total_steps: int, every: int = 2, term_at: int | None = None, seed: int = 11):
+def _local_run(mod, folder, total_steps: int, every: int = 2, term_at: int | None = None, seed: int = 11,
+               send: dict[int, int] | None = None, ran: list | None = None, **run_kwargs):
     """A fresh process's view: new model and optimizer, run_resumable on `folder`. Returns
     (outcome, steps train_step ran, parameters). term_at: SIGTERM to this process in the
-    middle of that step (after the forward drew its dropout mask, before the update)."""
+    middle of that step (after the forward drew its dropout mask, before the update);
+    send: {step: signal} the same for other signals. ran: the list the steps are appended
+    to (default a new one); run_kwargs go to run_resumable."""
     from solutions.phase4_production.checkpoint import CheckpointManager
 
+    send = {**(send or {}), **({term_at: signal.SIGTERM} if term_at is not None else {})}
     torch.manual_seed(seed)
     model = _net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    ran = []
+    ran = [] if ran is None else ran
 
     def train_step(ctx) -> None:
         ran.append(ctx.step)
@@ -107,15 +118,15 @@ def _local_run(mod, folder, total_steps: int, every: int = 2, term_at: int | Non
         x, y = torch.randn(8, 6, generator=gen), torch.randint(0, 3, (8,), generator=gen)
         ctx.phase("forward")
         loss = F.cross_entropy(model(x), y)
-        if ctx.step == term_at:
-            os.kill(os.getpid(), signal.SIGTERM)
+        if ctx.step in send:
+            os.kill(os.getpid(), send[ctx.step])
         ctx.phase("backward")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
 
     outcome = mod.run_resumable(train_step, model, optimizer, CheckpointManager(folder, keep=3),
-                                total_steps=total_steps, every=every)
+                                total_steps=total_steps, every=every, **run_kwargs)
     return outcome, ran, {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
@@ -250,6 +261,131 @@ def test_4_2_sigterm_saves_at_next_step_boundary(grade, tmp_path):
     assert_no_problems(problems, "preemption (SIGTERM to this process in the middle of step 3 of 8):")
 
 
+class _Recorder:
+    """A signal handler that records the signals reaching it: the handler the program had before."""
+
+    def __init__(self) -> None:
+        self.got: list[int] = []
+
+    def __call__(self, signum, frame) -> None:
+        self.got.append(signum)
+
+
+def _names(signals) -> str:
+    return ", ".join(signal.Signals(sig).name for sig in signals) or "none"
+
+
+def test_4_2_preemption_handler_takes_the_signals_it_is_given(grade, tmp_path):
+    """signals=(SIGUSR1, SIGUSR2) (a scheduler told to warn with SIGUSR1, as SLURM's
+    `--signal=USR1@120`): each of them requests the stop, and SIGTERM, not in the list, is
+    left to the handler it had; the same through run_resumable(signals=...)."""
+    mod = grade("4.2").load()
+    ours = (signal.SIGUSR1, signal.SIGUSR2)
+    before = _Recorder()
+    previous = {sig: signal.signal(sig, before) for sig in (signal.SIGTERM, *ours)}
+    problems = []
+    try:
+        for sig in ours:
+            before.got.clear()
+            with mod.PreemptionHandler(signals=ours) as handler:
+                replaced = [s for s in (signal.SIGTERM,) if signal.getsignal(s) is not before]
+                if replaced:
+                    problems.append(f"inside PreemptionHandler(signals=({_names(ours)})) the handler of "
+                                    f"{_names(replaced)} was replaced: only the given signals are handled")
+                kept = [s for s in ours if signal.getsignal(s) is before]
+                if kept:
+                    problems.append(f"inside PreemptionHandler(signals=({_names(ours)})) {_names(kept)} still "
+                                    "had the previous handler: each given signal gets the handler")
+                os.kill(os.getpid(), signal.SIGTERM)
+                if before.got != [signal.SIGTERM] or handler.requested:
+                    problems.append(f"SIGTERM (not among signals=({_names(ours)})): the previous handler got "
+                                    f"{_names(before.got)}, requested={handler.requested}; expected the previous "
+                                    "handler to get it and no stop requested")
+                before.got.clear()
+                os.kill(os.getpid(), sig)
+                stop = handler.should_stop()
+                if before.got or not handler.requested or not stop:
+                    problems.append(f"{signal.Signals(sig).name} (in signals=({_names(ours)})): requested="
+                                    f"{handler.requested}, should_stop()={stop}, the previous handler got "
+                                    f"{_names(before.got)}; expected a stop request and nothing for the previous "
+                                    "handler")
+            restored = [s for s in (signal.SIGTERM, *ours) if signal.getsignal(s) is not before]
+            if restored:
+                problems.append(f"after leaving the PreemptionHandler, {_names(restored)} did not have the "
+                                "previous handler back")
+        before.got.clear()
+        outcome, ran, _ = _local_run(mod, tmp_path / "usr2", total_steps=6, every=100, send={2: signal.SIGUSR2},
+                                     signals=ours)
+        if (outcome.preempted, outcome.steps_done, ran) != (True, 3, [0, 1, 2]) or before.got:
+            problems.append(f"run_resumable(signals=({_names(ours)})), SIGUSR2 in step 2: ran {ran}, preempted="
+                            f"{outcome.preempted}, steps_done={outcome.steps_done}; expected to stop after step 2 "
+                            "(steps 0..2, preempted=True, steps_done=3)")
+        outcome, ran, _ = _local_run(mod, tmp_path / "term", total_steps=4, every=100, send={1: signal.SIGTERM},
+                                     signals=ours)
+        if (outcome.preempted, outcome.steps_done) != (False, 4) or before.got != [signal.SIGTERM]:
+            problems.append(f"run_resumable(signals=({_names(ours)})), SIGTERM in step 1: preempted="
+                            f"{outcome.preempted} after {outcome.steps_done} steps, the previous handler got "
+                            f"{_names(before.got)}; expected the run to go on to its end (4 steps) and SIGTERM to "
+                            "reach the previous handler")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    assert_no_problems(problems, "PreemptionHandler and run_resumable with signals=(SIGUSR1, SIGUSR2):")
+
+
+def test_4_2_extra_progress_and_on_resume(grade, tmp_path):
+    """Each checkpoint's progress is {"step": steps done, **extra_progress()}; after loading
+    one, run_resumable calls on_resume(progress) with it, before the first step (e.g. to put
+    a sampler back at its position); a fresh start loads nothing and calls no on_resume."""
+    mod = grade("4.2").load()
+    folder = tmp_path / "run"
+    calls: list[tuple[dict, int]] = []
+
+    def launch(total_steps: int) -> list[int]:
+        ran: list[int] = []
+
+        def extra_progress() -> dict:  # where the data is: what a sampler's state_dict would say
+            return {"data": {"samples_seen": 8 * (ran[-1] + 1) if ran else 0}, "note": "extra"}
+
+        def on_resume(progress) -> None:  # (what it got, how many steps this launch had run by then)
+            calls.append((copy.deepcopy(dict(progress)), len(ran)))
+
+        _local_run(mod, folder, total_steps=total_steps, every=2, ran=ran, extra_progress=extra_progress,
+                   on_resume=on_resume)
+        return ran
+
+    problems = []
+    launches = [(4, None), (6, 4), (8, 6)]  # (total_steps, the step it resumes from)
+    for total_steps, resumed in launches:
+        calls.clear()
+        ran = launch(total_steps)
+        what = f"launch to {total_steps} steps" + (f" (checkpoint of step {resumed} on disk)" if resumed else
+                                                     " on an empty folder")
+        if resumed is None:
+            if calls:
+                problems.append(f"{what}: on_resume was called with {calls[0][0]}; nothing was loaded, so it is "
+                                "not called")
+            continue
+        want = {"step": resumed, "data": {"samples_seen": 8 * resumed}, "note": "extra"}
+        if len(calls) != 1:
+            problems.append(f"{what}: on_resume was called {len(calls)} times, expected once (after loading the "
+                            "checkpoint)")
+        if calls:
+            got, steps_before = calls[0]
+            wrong = {k: got.get(k, "<missing>") for k, v in want.items() if got.get(k, "<missing>") != v}
+            if wrong:
+                problems.append(f"{what}: on_resume got {got}; expected it to hold {want} (the step and what "
+                                f"extra_progress() returned when the checkpoint was saved); differs in {wrong}")
+            if steps_before:
+                problems.append(f"{what}: on_resume was called after {steps_before} step(s) of this launch had run; "
+                                "call it after loading, before the first step")
+        if ran != list(range(resumed, total_steps)):
+            problems.append(f"{what}: ran steps {ran}, expected {list(range(resumed, total_steps))}")
+    assert_no_problems(problems, "extra_progress and on_resume (run_resumable, one process, a checkpoint every 2 "
+                                 "steps, extra_progress() = {'data': {'samples_seen': 8 * steps done}, 'note': "
+                                 "'extra'}):")
+
+
 # ---------------------------------------------------------------- one world of 2 ranks
 
 
@@ -298,6 +434,172 @@ def _agreement_case(mod, folder: str) -> dict:
     finally:
         signal.signal(signal.SIGTERM, previous)
     return out
+
+
+# SIGTERM reaches ONE rank only: (name, the rank, when). "step": in the middle of its step 2;
+# "boundary": after its step 2, once it sits in the step boundary's agreement waiting for the
+# other rank, which is held in its own step 2 until the signal is sent.
+_ONE_RANK_CASES = (("rank 1 only, in the middle of its step 2", 1, "step"),
+                   ("rank 1 only, while it waits at the boundary after step 2", 1, "boundary"),
+                   ("rank 0 only, while it waits at the boundary after step 2", 0, "boundary"))
+_WATCH_POLLS, _WATCH_POLL_S, _WATCH_DEADLINE_S = 25, 0.002, 60.0
+_CASE_GROUP_TIMEOUT_S = 20.0  # a collective that waits this long waits for a rank that is elsewhere
+
+
+class _MainThreadWatch:
+    """In a rank: tell, from another thread, when the main thread has finished (`done`, set
+    by the main thread) or is waiting: at the same instruction of the same frame for
+    _WATCH_POLLS polls in a row (a collective, or any wait, for the other rank). A gate,
+    not a clock: how fast the machine is changes how long it takes, never what is seen."""
+
+    def __init__(self) -> None:
+        self.ident = threading.main_thread().ident
+        self.done = threading.Event()
+
+    def settled(self) -> str:
+        last, same = None, 0
+        deadline = time.monotonic() + _WATCH_DEADLINE_S
+        while time.monotonic() < deadline:
+            if self.done.is_set():
+                return "done"
+            frame = sys._current_frames().get(self.ident)
+            where = (id(frame), frame.f_lasti) if frame is not None else None
+            same = same + 1 if where == last else 0
+            last = where
+            if same >= _WATCH_POLLS:
+                return "waiting"
+            time.sleep(_WATCH_POLL_S)
+        return "deadline"
+
+
+def _store_client():
+    return dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), is_master=False,
+                         timeout=timedelta(seconds=_WATCH_DEADLINE_S))
+
+
+def _one_rank_case(mod, folder: str, key: str, signalled: int, moment: str) -> dict:
+    """run_resumable on both ranks, SIGTERM to rank `signalled` only (see _ONE_RANK_CASES).
+    Rank 0 (the writer) holds each save until rank 1 has returned from run_resumable or
+    sits waiting: a rank that reports the stop before the checkpoint is on disk is then
+    seen doing so (it lists the folder as soon as run_resumable returns)."""
+    from solutions.phase4_production.checkpoint import CheckpointManager
+
+    rank, store = dist.get_rank(), _store_client()
+    watch, step_2_done = _MainThreadWatch(), threading.Event()
+    threads = []
+    if rank == signalled and moment == "boundary":
+        def send() -> None:  # SIGTERM once this rank sits at the boundary after step 2
+            if step_2_done.wait(_WATCH_DEADLINE_S) and watch.settled() == "waiting":
+                os.kill(os.getpid(), signal.SIGTERM)
+            _store_client().set(f"{key}/sent", "1")
+        threads.append(threading.Thread(target=send, daemon=True))
+    if rank == 1:
+        def settle() -> None:  # answers each of rank 0's saves once rank 1 is done or waiting
+            client, n = _store_client(), 1
+            deadline = time.monotonic() + 2 * _WATCH_DEADLINE_S
+            while not client.check([f"{key}/end"]) and time.monotonic() < deadline:  # rank 0 has returned
+                if client.check([f"{key}/saving/{n}"]):
+                    client.set(f"{key}/settled/{n}", watch.settled())
+                    n += 1
+                else:
+                    time.sleep(_WATCH_POLL_S)
+        threads.append(threading.Thread(target=settle, daemon=True))
+
+    class GatedCheckpoints(CheckpointManager):
+        saves = 0
+
+        def save(self, step, state):
+            if rank == 0:
+                GatedCheckpoints.saves += 1
+                store.set(f"{key}/saving/{self.saves}", str(step))
+                store.wait([f"{key}/settled/{self.saves}"])
+            return super().save(step, state)
+
+    torch.manual_seed(rank)
+    model = _net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ran = []
+
+    def train_step(ctx) -> None:  # no collective in the step
+        ran.append(ctx.step)
+        if ctx.step == 2 and moment == "step" and rank == signalled:
+            os.kill(os.getpid(), signal.SIGTERM)
+        loss = model(torch.randn(4, 6)).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if ctx.step == 2 and moment == "boundary":
+            if rank == signalled:
+                step_2_done.set()
+            else:
+                store.wait([f"{key}/sent"])  # held until the other rank got its signal
+
+    for thread in threads:
+        thread.start()
+    try:
+        outcome = mod.run_resumable(train_step, model, optimizer, GatedCheckpoints(folder), total_steps=8,
+                                    every=100)
+        seen = CheckpointManager(folder).steps()  # at once: what this rank sees when it reports
+        out = {"ran": ran, "preempted": outcome.preempted, "steps_done": outcome.steps_done, "seen": seen}
+    except Exception as exc:  # noqa: BLE001
+        out = {**_error(exc), "ran": ran}
+    finally:
+        watch.done.set()
+        step_2_done.set()
+        if rank == 0:
+            store.set(f"{key}/end", "1")
+    for thread in threads:
+        thread.join(_WATCH_DEADLINE_S)
+    store.set(f"{key}/returned/{rank}", "1")
+    store.wait([f"{key}/returned/{1 - rank}"])
+    out["saved"] = CheckpointManager(folder).steps()
+    return out
+
+
+def _one_rank_world(ref: grading.ModuleRef, folder: str) -> dict:
+    """The cases of _ONE_RANK_CASES, each in a process group of its own (a gloo group with a
+    short timeout): a wrong stop decision makes the ranks issue different collectives, and
+    that case then ends in a timeout error instead of leaving the next case waiting. Cases
+    are separated through the store, not a collective."""
+    try:
+        mod = ref.load()
+    except Exception as exc:  # noqa: BLE001
+        return {"load": _error(exc)}
+    rank, store, out = dist.get_rank(), _store_client(), {}
+    previous = signal.signal(signal.SIGTERM, _test_handler)
+    try:
+        for index, (name, signalled, moment) in enumerate(_ONE_RANK_CASES):
+            key = f"one-rank-{index}"
+            dist.destroy_process_group()
+            dist.init_process_group("gloo", store=dist.PrefixStore(key, store), rank=rank, world_size=2,
+                                    timeout=timedelta(seconds=_CASE_GROUP_TIMEOUT_S))
+            out[name] = _one_rank_case(mod, os.path.join(folder, f"case{index}"), key, signalled, moment)
+            store.set(f"{key}/finished/{rank}", "1")
+            store.wait([f"{key}/finished/{1 - rank}"])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return out
+
+
+_one_rank_worlds: dict = {}
+
+
+def _one_rank_results(ref, tmp_path_factory) -> list[dict]:
+    if ref not in _one_rank_worlds:
+        try:
+            _one_rank_worlds[ref] = run_world(_one_rank_world, 2,
+                                              args=(ref, str(tmp_path_factory.mktemp("recovery-one-rank"))))
+        except Exception as exc:  # noqa: BLE001
+            _one_rank_worlds[ref] = exc
+    if isinstance(_one_rank_worlds[ref], BaseException):
+        todo = grading.todo_of(_one_rank_worlds[ref])
+        if todo:
+            raise NotImplementedError(todo)
+        raise _one_rank_worlds[ref]
+    for rank, result in enumerate(_one_rank_worlds[ref]):
+        if "load" in result:
+            _raise(f"rank {rank} loading the graded module", result["load"])
+    return _one_rank_worlds[ref]
 
 
 def _attempts_case(mod, folder: str) -> dict:
@@ -461,6 +763,54 @@ def test_4_2_ranks_agree_to_stop_on_sigterm(grade, tmp_path_factory):
     if saved != [4]:
         problems.append(f"checkpoints on disk: steps {saved}; expected only the step-boundary one, step 4")
     assert_no_problems(problems, "SIGTERM to rank 0 (and a step later to rank 1), 2 ranks, 6 steps (checkpoint every 100):")
+
+
+def test_4_2_one_rank_signalled_all_stop_at_one_boundary(grade, tmp_path_factory):
+    """SIGTERM to ONE rank only (rank 1, then rank 0), in the middle of a step or while it
+    waits at a step boundary for the other: every rank stops at the same boundary, the one
+    after the signal or the next, reports preempted=True with the same steps_done, and the
+    checkpoint of that step is on disk before ANY rank reports the stop (rank 0 holds its
+    save until rank 1 has returned or waits for it)."""
+    results = _one_rank_results(grade("4.2"), tmp_path_factory)
+    problems = []
+    for name, _, moment in _ONE_RANK_CASES:
+        got = [result[name] for result in results]
+        failed = [(rank, r) for rank, r in enumerate(got) if "error" in r]
+        for rank, r in failed:
+            if r["error"] == "NotImplementedError" and r["message"].startswith("TODO"):
+                raise NotImplementedError(r["message"])
+            problems.append(f"SIGTERM to {name}: rank {rank}'s run_resumable raised {r['error']}: "
+                            f"{r['message'].splitlines()[0][:200] if r['message'] else ''} after running steps "
+                            f"{r['ran']}" + "".join(f"; rank {other} ran {o['ran']} and returned preempted="
+                                                    f"{o['preempted']} after {o['steps_done']} steps"
+                                                    for other, o in enumerate(got) if "error" not in o)
+                            + " (a rank left in a collective the other never entered: they decided differently)")
+        if failed:
+            continue
+        allowed = (3,) if moment == "step" else (3, 4)
+        done = [r["steps_done"] for r in got]
+        for rank, r in enumerate(got):
+            if not r["preempted"] or r["steps_done"] not in allowed or r["ran"] != list(range(r["steps_done"])):
+                problems.append(f"SIGTERM to {name}: rank {rank} ran steps {r['ran']}, preempted={r['preempted']}, "
+                                f"steps_done={r['steps_done']}; expected to stop at the boundary after step "
+                                + ("2 (steps_done=3)" if moment == "step" else
+                                   "2 or 3 (the signal may land after this boundary's agreement)")
+                                + ", preempted=True, whether or not this rank got the signal")
+        if len(set(done)) > 1:
+            problems.append(f"SIGTERM to {name}: the ranks stopped after different numbers of steps {done}; the "
+                            "decision to stop must be the same on every rank at the same boundary")
+            continue
+        stop = done[0]
+        if got[0]["saved"] != [stop]:
+            problems.append(f"SIGTERM to {name}: checkpoints on disk after the stop: {got[0]['saved']}; expected "
+                            f"exactly the one of the stop, step {stop}")
+        for rank, r in enumerate(got):
+            if r["preempted"] and stop not in r["seen"]:
+                problems.append(f"SIGTERM to {name}: rank {rank} returned preempted=True after {stop} steps while "
+                                f"the checkpoint of step {stop} was not on disk yet (it saw {r['seen']}); the "
+                                "writer's save must be complete before any rank reports the stop (a barrier after "
+                                "the save)")
+    assert_no_problems(problems, "SIGTERM reaching one rank only (2 ranks, 8 steps, a checkpoint every 100):")
 
 
 def test_4_2_every_rank_resumes_the_step_rank_0_found(grade, tmp_path_factory):

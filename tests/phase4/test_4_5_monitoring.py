@@ -6,7 +6,8 @@ Run them with `python tests/test_phase4.py -k 4_5` (your code) or
 No test here asserts how long anything took on this machine. Step-time breakdowns run on
 a fake clock (and a fake CUDA device whose kernels take a known time on a fake stream), so
 the expected times are exact; the straggler test injects a delay on chosen ranks, much
-longer than a step, and asserts WHO is named, never how long.
+longer than a step, and asserts WHO is named, never how long; the straggler rule's two
+thresholds and its windows are checked on given step times (no clock at all).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import math
 import os
 import socket
+import statistics
 import sys
 import time
 import warnings
@@ -301,7 +303,36 @@ def _straggler_rank(ref: grading.ModuleRef):
     reports = [detector.update(train_step(_PHASE_DELAY if rank == _PHASE_RANK else 0.0, 4, _DATA_DELAY))
                for _ in range(WINDOW)]
     out["phase"] = reports[-1]
+    # Given times (no clock): the rule's two thresholds one at a time, and consecutive windows.
+    out["rules"] = {}
+    for name, (busy, _) in _RULE_CASES.items():
+        detector = mod.StragglerDetector(every=1, threshold=_RULE_THRESHOLD, min_excess_s=_RULE_MIN_EXCESS_S)
+        out["rules"][name] = detector.update(_given_times(busy[rank], samples=4))
+    detector = mod.StragglerDetector(every=WINDOW, threshold=_RULE_THRESHOLD, min_excess_s=_RULE_MIN_EXCESS_S)
+    out["windows"] = [detector.update(_given_times(busy[rank], samples)) for busy, samples in _WINDOW_STEPS]
     return out
+
+
+# StragglerDetector's rule: busy > median * (1 + threshold) AND busy - median > min_excess_s.
+_RULE_THRESHOLD, _RULE_MIN_EXCESS_S = 0.5, 0.1
+_RULE_CASES = {  # name -> (busy seconds per step of ranks 0..3, the ranks to name)
+    "ratio passes, excess does not": ([0.1, 0.18, 0.1, 0.1], []),  # 1.8x the median, but only 0.08 s more
+    "excess passes, ratio does not": ([1.0, 1.0, 1.3, 1.0], []),  # 0.3 s more, but only 1.3x
+    "both pass": ([0.2, 0.2, 0.2, 0.5], [3]),  # 2.5x and 0.3 s more
+    "neither passes": ([1.0, 1.05, 1.0, 1.0], []),
+}
+_GIVEN_COMM_S = 0.25  # every rank's time in the collective: waiting, never busy
+# Two windows of WINDOW steps: rank 3 three times slower in the first, everyone equal (and
+# twice the samples) in the second; each report is about its own window only.
+_WINDOW_STEPS = [([1.0, 1.0, 1.0, 3.0], 4)] * WINDOW + [([1.0, 1.0, 1.0, 1.0], 8)] * WINDOW
+
+
+def _given_times(busy: float, samples: int) -> dict:
+    """A step as StepTimer.stop() reports it, with the busy time in "forward"."""
+    times = {name: 0.0 for name in PHASE_NAMES}
+    times.update(forward=busy, comm=_GIVEN_COMM_S, other=0.0, step=busy + _GIVEN_COMM_S, samples=samples)
+    times["samples_per_s"] = samples / times["step"]
+    return times
 
 
 # The phase test: "data" takes _DATA_DELAY on every rank (each rank's largest phase), rank
@@ -481,6 +512,149 @@ def test_4_5_straggler_phase_is_where_it_lost_time(grade):
                             "is as long on every rank")
     assert_no_problems(problems, "a straggler's \"phase\" is the phase where it lost the most time against the median "
                                  "rank, not its largest phase:")
+
+
+def test_4_5_straggler_needs_both_thresholds(grade):
+    """Given step times (no clock): a rank is named only when BOTH hold, busy > median * (1 +
+    threshold) and busy - median > min_excess_s; one of the two alone names nobody."""
+    results = _straggler_world(grade("4.5"))
+    problems = []
+    for name, (busy, expected) in _RULE_CASES.items():
+        for rank, per_rank in enumerate(results):
+            report = per_rank["rules"][name]
+            if not isinstance(report, dict):
+                problems.append(f"{name}: rank {rank} got {report!r} from update() with every=1, not a report")
+                continue
+            named = sorted(s.get("rank") for s in report.get("stragglers", []))
+            if named != expected:
+                problems.append(f"{name}: busy seconds per step {busy}, median {statistics.median(busy)}: rank "
+                                f"{rank}'s report names {named or 'nobody'}, expected {expected or 'nobody'}")
+    assert_no_problems(problems, f"StragglerDetector(threshold={_RULE_THRESHOLD}, min_excess_s={_RULE_MIN_EXCESS_S}) "
+                                 "names a rank only when busy > median * (1 + threshold) AND busy - median > "
+                                 "min_excess_s:")
+
+
+def test_4_5_straggler_report_covers_its_window_only(grade):
+    """Two windows of WINDOW steps with given times: rank 3 three times slower in the first,
+    every rank equal (with twice the samples) in the second. Each report holds the means and
+    rates of its own window: the sums start again after each report."""
+    results = _straggler_world(grade("4.5"))
+    problems = []
+    for index in range(2):
+        steps = _WINDOW_STEPS[index * WINDOW:(index + 1) * WINDOW]
+        busy = [sum(b[r] for b, _ in steps) / WINDOW for r in range(4)]
+        seconds = [sum(b[r] + _GIVEN_COMM_S for b, _ in steps) for r in range(4)]
+        samples = sum(n for _, n in steps)
+        want = {"busy_s": busy, "rank_samples_per_s": [samples / t for t in seconds],
+                "samples_per_s": 4 * samples / max(seconds), "forward": busy}
+        named = [3] if index == 0 else []
+        for rank, per_rank in enumerate(results):
+            reports = per_rank["windows"]
+            report = reports[(index + 1) * WINDOW - 1]
+            what = f"window {index + 1} (steps {index * WINDOW + 1}..{(index + 1) * WINDOW}), rank {rank}'s report"
+            if not isinstance(report, dict):
+                problems.append(f"{what}: {report!r}, not a report (every={WINDOW})")
+                continue
+            got = {"busy_s": report.get("busy_s"), "rank_samples_per_s": report.get("rank_samples_per_s"),
+                   "samples_per_s": report.get("samples_per_s"),
+                   "forward": (report.get("phases") or {}).get("forward")}
+            for key, value in want.items():
+                values = value if isinstance(value, list) else [value]
+                found = got[key] if isinstance(got[key], list) else [got[key]]
+                if len(found) != len(values) or not all(
+                        isinstance(g, (int, float)) and math.isclose(g, w, rel_tol=1e-9) for g, w in zip(found, values)):
+                    problems.append(f"{what}: {key} = {got[key]}, expected {value} (this window's steps only)")
+            names = sorted(s.get("rank") for s in report.get("stragglers", []))
+            if names != named:
+                problems.append(f"{what}: names {names or 'nobody'} as stragglers, expected {named or 'nobody'}")
+    assert_no_problems(problems, f"StragglerDetector(every={WINDOW}), two consecutive windows of given step times "
+                                 f"(busy seconds per step {[b for b, _ in _WINDOW_STEPS[::WINDOW]]}, samples "
+                                 f"{[n for _, n in _WINDOW_STEPS[::WINDOW]]}, {_GIVEN_COMM_S} s of comm a step):")
+
+
+def _resident_kib(field: str) -> int | None:
+    """VmRSS / VmHWM of this process from /proc (Linux), in KiB."""
+    try:
+        with open("/proc/self/status") as status:
+            return next((int(line.split()[1]) for line in status if line.startswith(field + ":")), None)
+    except OSError:
+        return None
+
+
+def test_4_5_peak_rss_never_drops(grade):
+    """A peak is a high-water mark: after a large buffer is freed (and the resident set
+    shrinks), memory_stats must still report what it reported while the buffer was held
+    (to within 8 MiB: Linux keeps RSS counters exact to a few pages only, so even VmHWM
+    may read some KiB lower later), and at least the resident set of that moment."""
+    mod = grade("4.5").load()
+    size = 128 << 20
+    big = torch.ones(size // 4)  # 128 MiB, every page touched
+    rss_held = _resident_kib("VmRSS")
+    held = mod.memory_stats("cpu").get("peak_rss_bytes")
+    del big
+    rss_freed = _resident_kib("VmRSS")
+    freed = mod.memory_stats("cpu").get("peak_rss_bytes")
+    problems = []
+    if held is None or freed is None:
+        problems.append(f"memory_stats('cpu') has no 'peak_rss_bytes' (got {held!r}, then {freed!r})")
+    else:
+        if held - freed > size // 16:  # the kernel's counters are exact to a few pages only, even VmHWM's
+            problems.append(f"peak_rss_bytes dropped from {held} to {freed} bytes when a {size >> 20} MiB buffer was "
+                            "freed: that is the current resident set (VmRSS), not its peak (VmHWM, or ru_maxrss)")
+        if rss_held is not None and freed < rss_held * 1024 * 0.99:
+            problems.append(f"peak_rss_bytes = {freed} after the buffer was freed, below the {rss_held * 1024} bytes "
+                            "resident while it was held (/proc/self/status VmRSS)")
+    if rss_held is not None and rss_freed is not None and not problems:
+        assert rss_held - rss_freed > (size >> 10) // 2, (
+            f"test setup: freeing {size >> 20} MiB did not shrink the resident set ({rss_held} KiB, then {rss_freed} "
+            "KiB): the property cannot be observed here")
+    assert_no_problems(problems, f"memory_stats('cpu') while a {size >> 20} MiB buffer is held, then after it is freed:")
+
+
+def test_4_5_profiler_writes_one_trace_per_cycle(grade, tmp_path):
+    """repeat=3 cycles of (warmup=1, active=1): three traces per rank, one per cycle, each
+    with its own recorded step; rank 1's profiler, writing to the same folder after rank
+    0's, leaves rank 0's three traces as they were."""
+    mod = grade("4.5").load()
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    timer = mod.StepTimer("cpu")
+    folder = tmp_path / "traces"
+    problems, written = [], {}
+
+    def traces() -> dict[str, tuple]:
+        return {f: (os.stat(f).st_ino, os.stat(f).st_size, os.stat(f).st_mtime_ns)
+                for f in glob.glob(str(folder / "**" / "*.json*"), recursive=True)}
+
+    for rank in (0, 1):
+        before = traces()
+        with mod.training_profiler(folder, rank=rank, wait=0, warmup=1, active=1, repeat=3) as prof:
+            for _ in range(8):
+                _timed_cpu_step(timer, model, opt)
+                prof.step()
+        after = traces()
+        written[rank] = sorted(f for f, key in after.items() if before.get(f) != key)
+        changed = sorted(os.path.relpath(f, folder) for f, key in before.items() if after.get(f) != key)
+        if changed:
+            problems.append(f"rank {rank}'s profiler overwrote or removed {changed}, written before it (by rank "
+                            f"{rank - 1}): each rank's traces need names of their own")
+        steps = sorted(tuple(_profiler_steps(f)) for f in written[rank])
+        want = [("ProfilerStep#1",), ("ProfilerStep#3",), ("ProfilerStep#5",)]
+        if steps != want:
+            problems.append(f"rank {rank}: 8 steps with wait=0, warmup=1, active=1, repeat=3 left "
+                            f"{len(written[rank])} new trace(s) {[os.path.relpath(f, folder) for f in written[rank]]} "
+                            f"recording the steps {steps}; expected 3 traces, one per cycle, recording {want} "
+                            "(each cycle its own file: a name that repeats overwrites the earlier cycles)")
+    assert_no_problems(problems, "training_profiler with repeat=3, for rank 0 and then rank 1 in the same folder:")
+
+
+def _profiler_steps(path: str) -> list[str]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        events = json.load(f)
+    events = events.get("traceEvents", []) if isinstance(events, dict) else events
+    return sorted({e.get("name", "") for e in events if isinstance(e, dict)
+                   and str(e.get("name", "")).startswith("ProfilerStep#")})
 
 
 def test_4_5_profiler_trace_named_by_rank(grade, tmp_path):

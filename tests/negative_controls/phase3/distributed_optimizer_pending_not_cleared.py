@@ -1,0 +1,282 @@
+"""synchronize() waits and divides but never clears self._pending: a step() after an explicit synchronize() (Horovod's clipping pattern) waits on and divides the same gradients a second time."""
+
+from __future__ import annotations
+
+EXERCISE = "3.5"
+CAUGHT_BY = ["test_3_5_accumulation_matches_one_big_batch"]
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+def _world_size(group=None) -> int:
+    """Ranks in `group` (the default group if None); 1 without an initialised process group."""
+    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """Wraps any torch optimizer so that step() uses gradients averaged over the ranks of `group`.
+
+    Contract, per step (every rank runs the same passes on its own data):
+      * backward passes 1..k-1 (k = backward_passes_per_step) accumulate into .grad
+        locally and communicate nothing;
+      * during pass k, gradients are all-reduced (asynchronously, SUM) while backward still
+        runs, so communication overlaps the rest of backward;
+      * every rank launches its all-reduces in the SAME order, whatever its data did:
+        collectives pair by call order, so a parameter unused on some ranks only (its
+        gradient arrives on the others, never here) must not change the order. The
+        reference launches in reverse registration order (roughly the order backward
+        produces gradients, as 3.2's buckets), each as soon as it and every parameter
+        before it in that order have their k-th pass;
+      * step() launches what is still missing, in that order (a parameter whose gradient
+        did not arrive k times counts with its .grad as it stands, zeros if None), waits
+        for every all-reduce, divides by world_size * k, then steps the wrapped
+        optimizer: .grad = mean over ranks and passes;
+      * a gradient computed more than k times before step() raises RuntimeError (from that
+        backward pass). The count starts again at every step() (synchronize()), not only
+        at this wrapper's zero_grad(): gradients may be cleared any way (model.zero_grad(),
+        p.grad = None, the wrapper's zero_grad()).
+      * synchronize() can be called before step(), to read or clip the averaged gradients
+        (Horovod's `synchronize(); clip_grad_norm_(...); step()`, where Horovod asks for
+        `with optimizer.skip_synchronize(): optimizer.step()`): step() then reduces nothing
+        again, since nothing reached a parameter after the synchronize().
+
+    zero_grad, state_dict, load_state_dict, param_groups, state and defaults are the
+    wrapped optimizer's, so LR schedulers and checkpoints work on the wrapper. Without an
+    initialised process group (one process) only the division by k remains.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module,
+                 backward_passes_per_step: int = 1, group=None):
+        # Optimizer.__init__ is not called: the wrapped optimizer owns param_groups and state.
+        if backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+        self.optimizer = optimizer
+        self.backward_passes_per_step = backward_passes_per_step
+        self.group = group
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._passes = {p: 0 for p in self._params}  # backward passes that reached p since the last step
+        self._pending: list[tuple[torch.Tensor, object]] = []  # (param, Work or None), in launch order
+        self._order = self._params[::-1]  # the launch order, the same on every rank
+        self._launched = 0  # self._order[:self._launched] are launched in this step
+        self._hooks = []
+        # EXERCISE 3.5: on every parameter of self._params, register a hook that runs once autograd has accumulated its .grad (Tensor.register_post_accumulate_grad_hook) and calls self._on_grad_ready
+        for p in self._params:
+            self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad_ready))
+        # END EXERCISE
+
+    def _launch(self, param: torch.Tensor) -> None:
+        """Start the async SUM all-reduce of param.grad (zeros if None) in self.group; append
+        (param, its Work) to self._pending (Work None without other ranks)."""
+        # EXERCISE 3.5: all-reduce param.grad in place WITHOUT waiting (async_op=True returns a Work); keep (param, work) in self._pending for step() to wait on
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+        work = None
+        if _world_size(self.group) > 1:
+            work = dist.all_reduce(param.grad, group=self.group, async_op=True)
+        self._pending.append((param, work))
+        # END EXERCISE
+
+    def _launch_in_order(self, everything: bool = False) -> None:
+        """Launch, in self._order from self._launched on, every parameter whose k-th pass has
+        arrived, stopping at the first that has not (everything=True: launch all the rest)."""
+        # EXERCISE 3.5: walk self._order from self._launched; self._launch each parameter at its k-th pass (or any, with everything=True); stop at the first that is not ready, so every rank launches in the same order
+        while self._launched < len(self._order):
+            param = self._order[self._launched]
+            if not everything and self._passes[param] < self.backward_passes_per_step:
+                return
+            self._launch(param)
+            self._launched += 1
+        # END EXERCISE
+
+    def _on_grad_ready(self, param: torch.Tensor) -> None:
+        """Post-accumulate-grad hook: count this pass for `param`; on its k-th pass, launch what
+        is ready in the shared order (self._launch_in_order())."""
+        # EXERCISE 3.5: count the pass; only on the k-th pass of the step, launch what is ready in the shared order (self._launch_in_order); a (k+1)-th pass before step() raises RuntimeError
+        self._passes[param] += 1
+        if self._passes[param] > self.backward_passes_per_step:
+            raise RuntimeError(f"a gradient was computed more than backward_passes_per_step="
+                               f"{self.backward_passes_per_step} times before step(); raise "
+                               "backward_passes_per_step or call step() more often")
+        if self._passes[param] == self.backward_passes_per_step:
+            self._launch_in_order()
+        # END EXERCISE
+
+    def synchronize(self) -> None:
+        """Launch the all-reduces still missing, wait for all, and leave the mean in every .grad;
+        the pass counts start again from 0."""
+        # EXERCISE 3.5: launch the rest in the shared order (self._launch_in_order(everything=True)), wait for EVERY Work (its result is in .grad only after wait), divide by world_size * k, reset the pass counts and the launch position
+        self._launch_in_order(everything=True)
+        divisor = _world_size(self.group) * self.backward_passes_per_step
+        for p, work in self._pending:
+            if work is not None:
+                work.wait()
+            if divisor > 1:
+                p.grad.div_(divisor)
+        self._launched = 0
+        for p in self._params:
+            self._passes[p] = 0
+        # END EXERCISE
+
+    def step(self, closure=None):
+        """synchronize() (unless it was called since the last backward pass: nothing is pending
+        and no pass counted), then the wrapped optimizer's step(). A closure would run backward
+        inside step() and launch all-reduces behind the counts: not supported."""
+        if closure is not None:
+            raise ValueError("DistributedOptimizer.step() takes no closure; run backward before step()")
+        if self._pending or any(self._passes.values()):
+            self.synchronize()
+        return self.optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The wrapped zero_grad; also restarts the pass count. Refused while all-reduces are in flight."""
+        if self._pending:
+            raise RuntimeError("zero_grad() while gradient all-reduces are in flight (after the last "
+                               "backward pass, before step()): the reduced gradients would land after it")
+        for p in self._params:
+            self._passes[p] = 0
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict]) -> None:
+        self.optimizer.param_groups = groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @property
+    def defaults(self) -> dict:
+        return self.optimizer.defaults
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if self._pending:
+            raise RuntimeError("load_state_dict() while gradient all-reduces are in flight")
+        self.optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict) -> None:
+        raise RuntimeError("add the parameter group to the wrapped optimizer before wrapping it: "
+                           "its parameters would have no all-reduce hook")
+
+    def __repr__(self) -> str:
+        return (f"DistributedOptimizer(backward_passes_per_step={self.backward_passes_per_step}, "
+                f"{self.optimizer!r})")
+
+
+def broadcast_parameters(params, root_rank: int = 0, group=None) -> None:
+    """Overwrite, in place on every rank, `params` with root_rank's values.
+
+    `params`: an nn.Module (its state_dict: parameters AND buffers), a dict name -> tensor
+    (e.g. model.state_dict()), or an iterable of tensors; the same structure on every
+    rank. `root_rank` is a global rank, also when `group` is a subgroup (as dist.broadcast's
+    `src`): on the group of global ranks [1, 2], root_rank=1 is the group's rank 0. Does
+    nothing without a process group.
+    """
+    if _world_size(group) == 1:
+        return
+    # EXERCISE 3.5: collect the tensors (a Module's state_dict includes buffers), broadcast each from root_rank in the same order on every rank (async is fine), and wait for all before returning
+    if isinstance(params, nn.Module):
+        tensors = list(params.state_dict().values())
+    elif isinstance(params, dict):
+        tensors = list(params.values())
+    else:
+        tensors = list(params)
+    with torch.no_grad():  # in-place writes into leaf parameters
+        works = [dist.broadcast(t, src=root_rank, group=group, async_op=True) for t in tensors]
+    for work in works:
+        work.wait()
+    # END EXERCISE
+
+
+@dataclass(frozen=True)
+class _TensorSpec:
+    """Stands for a state tensor in the pickled structure: what a receiver allocates."""
+
+    shape: tuple
+    dtype: torch.dtype
+    on_cpu: bool  # e.g. Adam's `step` stays a CPU tensor beside CUDA parameters
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0, group=None) -> None:
+    """Make every rank's optimizer state and hyper-parameters root_rank's.
+
+    After it, optimizer.state_dict() is the same on every rank: per parameter every
+    state entry (Adam's `step` as the tensor it is, exp_avg, exp_avg_sq; SGD's
+    momentum_buffer) and every param_group option (lr, betas, weight_decay...). It works
+    when the receiving optimizers are fresh (empty state) and must not change the
+    parameters (no dummy step). `optimizer` may be a DistributedOptimizer. `root_rank` is a
+    global rank, also when `group` is a subgroup (as in broadcast_parameters). Bulk tensors
+    travel by broadcast on the device of their parameter, so the same code runs on NCCL.
+    """
+    if _world_size(group) == 1:
+        return
+    # EXERCISE 3.5: the structure (the root's state_dict with tensors replaced by shape/dtype) goes by dist.broadcast_object_list; then each state tensor by broadcast into a buffer the receiver allocates; receivers load_state_dict the result
+    is_root = dist.get_rank() == root_rank
+    params = [p for g in optimizer.param_groups for p in g["params"]]  # state_dict numbers them in this order
+    sent = optimizer.state_dict() if is_root else None
+    structure = [None]
+    if is_root:
+        structure[0] = {
+            "param_groups": sent["param_groups"],
+            "state": {i: {key: _TensorSpec(tuple(v.shape), v.dtype, v.device.type == "cpu")
+                          if isinstance(v, torch.Tensor) else v for key, v in entry.items()}
+                      for i, entry in sent["state"].items()},
+        }
+    dist.broadcast_object_list(structure, src=root_rank, group=group)
+    structure = structure[0]
+    state, works, moves = {}, [], []
+    for i, entry in structure["state"].items():
+        device = params[i].device
+        state[i] = {}
+        for key, value in entry.items():
+            if isinstance(value, _TensorSpec):
+                buffer = sent["state"][i][key].to(device) if is_root else \
+                    torch.empty(value.shape, dtype=value.dtype, device=device)
+                works.append(dist.broadcast(buffer, src=root_rank, group=group, async_op=True))
+                moves.append((state[i], key, buffer, value.on_cpu))
+                value = buffer
+            state[i][key] = value
+    for work in works:
+        work.wait()
+    for entry, key, buffer, on_cpu in moves:
+        if on_cpu:
+            entry[key] = buffer.cpu()
+    if not is_root:
+        optimizer.load_state_dict({"state": state, "param_groups": structure["param_groups"]})
+    # END EXERCISE
+
+
+def linear_scaling_lr(step: int, base_lr: float, global_batch: int, reference_batch: int = 256,
+                      warmup_steps: int = 0) -> float:
+    """The learning rate of optimizer step `step` (0-based) under Goyal et al. (2017):
+
+        scaled = base_lr * global_batch / reference_batch          (linear scaling rule)
+        lr(t)  = base_lr + (scaled - base_lr) * t / warmup_steps   for t < warmup_steps
+        lr(t)  = scaled                                            for t >= warmup_steps
+
+    `base_lr` is the rate tuned for `reference_batch` samples per step (0.1 for 256 in
+    the paper); the warm-up ramps linearly from it, a constant increment per step, and
+    reaches `scaled` at t = warmup_steps. lr(t) is proportional to base_lr, so with
+    base_lr=1.0 it is the factor for torch.optim.lr_scheduler.LambdaLR on an optimizer
+    created with lr=base_lr:
+        LambdaLR(opt, lambda t: linear_scaling_lr(t, 1.0, global_batch, 256, warmup_steps))
+    """
+    if step < 0 or global_batch < 1 or reference_batch < 1 or warmup_steps < 0:
+        raise ValueError(f"need step >= 0, global_batch >= 1, reference_batch >= 1, warmup_steps >= 0; got "
+                         f"{step}, {global_batch}, {reference_batch}, {warmup_steps}")
+    # EXERCISE 3.5: scale base_lr by global_batch / reference_batch; during warm-up, ramp linearly from base_lr (at step 0) to the scaled rate (reached at step warmup_steps)
+    scaled = base_lr * global_batch / reference_batch
+    if step >= warmup_steps:
+        return scaled
+    return base_lr + (scaled - base_lr) * step / warmup_steps
+    # END EXERCISE
