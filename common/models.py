@@ -1,4 +1,4 @@
-"""Models the phases train, from a 5k-parameter MLP to ViT-B/16, behind `build_model`.
+"""Models the phases train, from a 5k-parameter MLP to ViT-L/16, behind `build_model`.
 
 `build_model(name, in_shape, num_classes, seed)` initialises deterministically: the same
 arguments give bit-identical parameters in every process. That is what lets each rank
@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-MODEL_NAMES = ("mlp", "cnn", "resnet18", "resnet50", "vit_b_16")
+MODEL_NAMES = ("mlp", "cnn", "resnet18", "resnet50", "vit_b_16", "vit_l_16")
 
 
 class MLP(nn.Module):
@@ -93,8 +93,8 @@ def _build(name: str, in_shape: tuple, num_classes: int) -> nn.Module:
     if name == "resnet50":
         return tvm.resnet50(weights=None, num_classes=num_classes)
     if width % 16 != 0 or in_shape[-2] != width:
-        raise ValueError(f"vit_b_16 needs square images with a side divisible by 16, got in_shape {tuple(in_shape)}")
-    return tvm.vit_b_16(weights=None, image_size=width, num_classes=num_classes)
+        raise ValueError(f"{name} needs square images with a side divisible by 16, got in_shape {tuple(in_shape)}")
+    return getattr(tvm, name)(weights=None, image_size=width, num_classes=num_classes)  # vit_b_16, vit_l_16
 
 
 def build_model(name: str, in_shape: tuple = (1, 8, 8), num_classes: int = 10, seed: int = 0) -> nn.Module:

@@ -51,6 +51,16 @@ class TrainConfig:
     init_from: str | None = _opt(None, "start a new run from these weights: a checkpoint of this trainer, or a "
                                        "state_dict file such as torchvision's (ignored when the run resumes)")
     channels_last: str = _opt("auto", "channels_last memory format (auto: on GPU only)", choices=("auto", "on", "off"))
+    parallel: str = _opt("ddp", "how the ranks hold the model: ddp (every rank a full replica; rank 0 writes one "
+                                "checkpoint file) or fsdp (torch's fully_shard: each rank 1/N of the parameters, "
+                                "gradients and optimizer state, and writes only its shards; for models whose "
+                                "training state does not fit one GPU)", choices=("ddp", "fsdp"))
+    reshard_after_forward: bool = _opt(True, "fsdp: free each unit's gathered parameters after its forward and "
+                                             "all-gather them again for its backward (false: keep them until the "
+                                             "backward, ZeRO-2-like memory for one all-gather less per unit)")
+    cpu_offload: bool = _opt(False, "fsdp: keep the parameter shards, gradients and optimizer state in CPU memory "
+                                    "(CPUOffloadPolicy; the optimizer steps on the CPU): for models that do not fit "
+                                    "even sharded, at the cost of host-device copies every step")
     compile: bool = _opt(False, "torch.compile the model")
     # optimisation
     epochs: int = _opt(3, "epochs to train")
@@ -92,6 +102,9 @@ class TrainConfig:
     fail_rank: int = _opt(1, "the rank --fail-at-step kills")
     evaluate: bool = _opt(False, "evaluate the newest checkpoint in --output-dir (or --init-from's weights) on the "
                                  "test set and exit: no training, nothing written")
+    export: str | None = _opt(None, "write the model weights of the newest checkpoint in --output-dir to this file "
+                                    "as one plain state_dict (torch.save; loads into the torchvision model, or "
+                                    "as --init-from) and exit; works for sharded (fsdp) and ddp checkpoints")
     # observability
     log_every: int = _opt(10, "metrics line every N steps")
     straggler_every: int = _opt(50, "gather per-rank step times every N steps and name slow ranks")
@@ -138,6 +151,18 @@ class TrainConfig:
         if self.compression == "dgc" and self.optimizer != "sgd":
             raise ValueError(f"--compression dgc moves SGD's momentum into the comm hook; it cannot carry "
                              f"--optimizer {self.optimizer}'s moments: use --optimizer sgd or --compression topk")
+        if self.parallel == "fsdp" and self.compression != "none":
+            raise ValueError(f"--compression {self.compression} is a DDP communication hook; --parallel fsdp "
+                             "reduce-scatters gradient shards and takes no comm hook: use --compression none "
+                             "with fsdp")
+        if self.parallel == "fsdp" and self.async_checkpoint == "on":
+            raise ValueError("--async-checkpoint on: the background writer writes ddp's single file; --parallel "
+                             "fsdp writes its shards synchronously: use --async-checkpoint off or auto")
+        if self.parallel != "fsdp" and (self.cpu_offload or not self.reshard_after_forward):
+            flag = "--cpu-offload" if self.cpu_offload else "--reshard-after-forward false"
+            raise ValueError(f"{flag} applies to --parallel fsdp only; DDP keeps every parameter on every rank")
+        if self.export is not None and self.evaluate:
+            raise ValueError("--export and --evaluate: choose one (each reads the newest checkpoint and exits)")
         if self.compression == "dgc" and self.grad_clip > 0:
             raise ValueError("--grad-clip clips the gradient before momentum, but with --compression dgc .grad holds "
                              "the update after it (momentum is inside the comm hook): use --grad-clip 0 or "
@@ -152,8 +177,10 @@ class TrainConfig:
                              "CIFAR-10 or ImageNet)")
         if self.init_from is not None and not Path(self.init_from).is_file():
             raise ValueError(f"--init-from {self.init_from} is not a file (a checkpoint, or a saved state_dict)")
-        if not self.evaluate:
+        if not self.evaluate and self.export is None:
             _check_output_dir(self.output_dir)
+        if self.export is not None:
+            _check_output_file(self.export)
         return self
 
 
@@ -173,6 +200,15 @@ _RANGES = {
     "topk_ratio": (1e-9, 1.0, True), "straggler_threshold": (1e-6, 1e6, True), "timeout": (1.0, 1e9, True),
     "pg_timeout": (1.0, 1e7, True), "pg_init_timeout": (1.0, 1e7, True),
 }
+
+
+def _check_output_file(path: str) -> None:
+    """--export names a file that can be written: not a folder, in a writable folder."""
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"--export {path} is a folder: name the file to write (e.g. {target / 'weights.pt'})")
+    if not target.parent.is_dir() or not os.access(target.parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--export {path}: {target.parent} is not a writable folder")
 
 
 def _check_output_dir(path: str) -> None:
@@ -197,10 +233,12 @@ OPERATIONAL = frozenset({
     "data_root", "workers", "channels_last", "compile", "micro_batch", "deterministic", "output_dir",
     "checkpoint_every", "keep", "async_checkpoint", "fail_at_step", "fail_rank", "log_every", "straggler_every", "straggler_threshold",
     "profile_steps", "tensorboard", "progress", "max_steps", "nproc", "timeout", "device", "apply_changes",
-    "pg_timeout", "pg_init_timeout", "evaluate", "init_from", "stop_check_every"})
+    "pg_timeout", "pg_init_timeout", "evaluate", "init_from", "stop_check_every", "reshard_after_forward",
+    "cpu_offload", "export"})
 # Cannot change in the middle of a run, even with --apply-changes: the optimizer's state, the
-# loss scaler's, or the data order of the checkpoint would not fit.
-FIXED = ("optimizer", "amp", "synthetic_size")
+# loss scaler's, the data order or the format of the checkpoint (one file for ddp, a folder of
+# shards for fsdp) would not fit.
+FIXED = ("optimizer", "amp", "synthetic_size", "parallel")
 
 
 def changed_hyperparameters(saved: dict, cfg: TrainConfig) -> dict[str, tuple[Any, Any]]:

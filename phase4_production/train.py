@@ -6,10 +6,11 @@
 
 One attempt on one rank (torchrun starts a fresh attempt after a failure):
 
-    config ─► data (ElasticSampler 4.3 ─► DataLoader) ─► model ─► DDP (+ 4.4 comm hook)
+    config ─► data (ElasticSampler 4.3 ─► DataLoader) ─► model ─► DDP (+ 4.4 comm hook) or
+              FSDP2's fully_shard (train_parallel.py)
     output folder: every node sees it, one writer (run_folder.py)
-    resume (4.2): newest checkpoint that verifies (4.1), the same step on every rank,
-                  the same hyperparameters (train_resume.py)
+    resume (4.2): newest checkpoint that verifies (4.1; fsdp: sharded_checkpoint.py), the
+                  same step on every rank, the same hyperparameters (train_resume.py)
     for each step:   data │ forward │ backward (+ all-reduce) │ optimizer      train_step.py, StepTimer (4.5)
       step boundary: ranks agree on SIGTERM/SIGINT ─► save, exit 0   PreemptionHandler (4.2)
                      every N steps / epoch end ─► atomic checkpoint            (4.1)
@@ -20,7 +21,8 @@ What makes a resumed run bit-identical to one never stopped (CPU, same world siz
 checkpoint holds model, optimizer, LR schedule, loss scaler, data position and every
 rank's RNG; the data order depends on (seed, epoch) only; each sample's augmentation on
 (seed, epoch, index) only (train_data.SeededSamples). With --compression a run resumes
-correctly but not bit-identically (see train_comm.register_comm_hook).
+correctly but not bit-identically (see train_comm.register_comm_hook). The command line is
+in train_cli.py.
 """
 
 from __future__ import annotations
@@ -44,36 +46,37 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common.distributed import current_device
 from common.models import build_model
 from phase4_production.checkpoint import CheckpointManager, training_state, unwrap
 from phase4_production.checkpoint_writer import BackgroundWriter, SaveResult
-from phase4_production.config import ConfigError, TrainConfig, parse_config
+from phase4_production.config import TrainConfig
 from phase4_production.elastic import ElasticSampler, plan_batches
-from phase4_production.lifecycle import (die_with_parent, fatal_reported, orphaned, report_fatal,
-                                                   stop_signals)
+from phase4_production.lifecycle import orphaned, stop_signals
 from phase4_production.monitoring import (MetricsWriter, StepTimer, StragglerDetector, peak_flops,
                                                     training_flops,
                                                     training_profiler)
 from phase4_production.recovery import Fault, FaultInjector, PreemptionHandler, current_attempt
 from phase4_production.run_folder import claim_output_dir, why_unwritable
+from phase4_production.sharded_checkpoint import ShardedCheckpoints
 from phase4_production.train_comm import register_comm_hook, set_sparsity
 from phase4_production.train_data import RankBatches, build_datasets, eval_loader, train_loader
+from phase4_production.train_parallel import Parallel, wrap_model
 from phase4_production.train_report import RunReport
-from phase4_production.train_resume import identity, load_weights, resume_run
+from phase4_production.train_resume import export_weights, identity, load_weights, resume_run
 from phase4_production.train_step import (NonFiniteLoss, SyncPoints, StepParts, autocast_dtype,
                                                     lr_schedule, make_optimizer, train_step)
 
 # ---------------------------------------------------------------- building blocks
 
 
-def fingerprint(model: nn.Module) -> str:
+def fingerprint(model: nn.Module | dict) -> str:
     """sha256 over the state dict (names, dtypes, shapes, bytes, in name order): equal
-    fingerprints mean bit-identical weights and buffers."""
+    fingerprints mean bit-identical weights and buffers. `model`: a module, or a state_dict."""
     digest = hashlib.sha256()
-    for name, tensor in sorted(unwrap(model).state_dict().items()):
+    state = model if isinstance(model, dict) else unwrap(model).state_dict()
+    for name, tensor in sorted(state.items()):
         t = tensor.detach().cpu().contiguous()
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
@@ -119,7 +122,8 @@ def train(cfg: TrainConfig) -> dict:
     device = current_device()
     if dist.is_initialized():  # building data, model and the first step (compile, autotuning) may be slow
         dist.set_timeout(datetime.timedelta(seconds=cfg.pg_init_timeout))
-    folder = contextlib.nullcontext() if cfg.evaluate else claim_output_dir(cfg.output_dir, device)
+    read_only = cfg.evaluate or cfg.export is not None
+    folder = contextlib.nullcontext() if read_only else claim_output_dir(cfg.output_dir, device)
     with PreemptionHandler(stop_signals(), device=device) as preemption, folder:
         return _train(cfg, preemption)
 
@@ -182,32 +186,37 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
     channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and device.type == "cuda")
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    optimizer = make_optimizer(cfg, model)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_schedule(sampler.steps_per_epoch, cfg.epochs, cfg.warmup_epochs))
     dtype = autocast_dtype(cfg.amp, device)
     if dtype == torch.float16 and device.type == "cpu" and rank == 0:
         print("warning: --amp fp16 on CPU runs torch's slow fp16 kernels (a ResNet-18 step about 60x slower than "
               "float32, measured with torch 2.14.1); use --amp bf16 on CPU, fp16 is for GPUs without bf16",
               file=sys.stderr, flush=True)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    parallel = wrap_model(model, cfg.parallel, device, dtype, cfg.reshard_after_forward, cfg.cpu_offload)
+    optimizer = make_optimizer(cfg, model)  # after fully_shard, which makes the parameters DTensors
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_schedule(sampler.steps_per_epoch, cfg.epochs, cfg.warmup_epochs))
     faults = FaultInjector.from_env()
     if cfg.fail_at_step is not None:
         faults = FaultInjector([*faults.faults, Fault(cfg.fail_rank, cfg.fail_at_step, "backward")])
 
     checkpoints = CheckpointManager(out / "checkpoints", keep=cfg.keep)
-    progress = resume_run(checkpoints, cfg, ddp, optimizer, scheduler, scaler, device)
+    sharded = ShardedCheckpoints(out / "checkpoints", keep=cfg.keep) if cfg.parallel == "fsdp" else None
+    progress = resume_run(checkpoints, sharded, cfg, parallel, optimizer, scheduler, scaler, device)
     step = int(progress["step"]) if progress else 0
+    source = (sharded or checkpoints).path_for(step) if progress else None
+    if cfg.export is not None:  # read only, like --evaluate
+        return {"exported": export_weights(parallel, cfg.export, source), "step": step, "world_size": world,
+                "fingerprint": _fingerprint(parallel)}
     if progress is None and cfg.init_from:
-        load_weights(unwrap(ddp), cfg.init_from, device)
+        load_weights(parallel, cfg.init_from, device)
     if cfg.evaluate:  # read only: no lease, no config file, no metrics
         accuracy, test_loss, top5 = evaluate(model, tests, device, dtype)
         return {"evaluated": True, "step": step, "total_steps": total_steps, "world_size": world,
-                "accuracy": accuracy, "top5": top5, "test_loss": test_loss, "fingerprint": fingerprint(ddp),
-                "source": f"{checkpoints.path_for(step)}" if progress else cfg.init_from or "the initial weights"}
-    compression = register_comm_hook(ddp, cfg, faults, step)
-    net = torch.compile(ddp) if cfg.compile else ddp
+                "accuracy": accuracy, "top5": top5, "test_loss": test_loss, "fingerprint": _fingerprint(parallel),
+                "source": f"{source}" if progress else cfg.init_from or "the initial weights"}
+    compression = register_comm_hook(parallel.net, cfg, faults, step) if parallel.kind == "ddp" else None
+    net = torch.compile(parallel.net) if cfg.compile else parallel.net
     if progress:
         sampler.load_state_dict(progress["data"])
     history: list[dict] = list(progress.get("history", [])) if progress else []
@@ -236,9 +245,10 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
     timer = StepTimer(device)
     stragglers = StragglerDetector(every=cfg.straggler_every, threshold=cfg.straggler_threshold,
                                    min_excess_s=0.005, device=device) if world > 1 else None
-    parts = StepParts(net, ddp, plan, rank, nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing), optimizer, scaler,
-                      dtype, device, channels_last, cfg.grad_clip, compression,
-                      SyncPoints(ddp, timer, faults) if world > 1 and not cfg.compile else None)
+    parts = StepParts(net, parallel, plan, rank, nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing), optimizer,
+                      scaler, dtype, device, channels_last, cfg.grad_clip, compression,
+                      SyncPoints(parallel.net, timer, faults)
+                      if world > 1 and not cfg.compile and parallel.kind == "ddp" else None)
     show = RunReport(cfg, rank, attempt.restart, end, step, world, metrics, device, flops_per_sample)
     profiler = training_profiler(out / "traces", rank, wait=5, warmup=2, active=cfg.profile_steps) \
         if cfg.profile_steps else contextlib.nullcontext()
@@ -248,7 +258,8 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
         if result.path is not None:
             show.checkpoint(result.step, result.stall_s, result.path.stat().st_size, result.write_s)
 
-    background = cfg.async_checkpoint == "on" or (cfg.async_checkpoint == "auto" and device.type == "cuda")
+    background = cfg.async_checkpoint == "on" or \
+        (cfg.async_checkpoint == "auto" and device.type == "cuda" and sharded is None)
     writer = BackgroundWriter(checkpoints, faults, asynchronous=background, on_done=saved)
 
     @contextlib.contextmanager
@@ -265,15 +276,23 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
                                     "kept)") from None
 
     def save() -> None:
-        if not all(torch.isfinite(p).all() for p in ddp.parameters()):  # the same on every rank (DDP)
+        if not parallel.weights_finite():  # the same answer on every rank
             raise NonFiniteLoss(f"the weights became NaN or infinite at step {step} (another rank's loss did); "
                                 f"not saved: the newest checkpoint in {checkpoints.folder} is the last good state")
         if orphaned():  # the launcher died a moment ago: its SIGKILL is on the way, write nothing
             os.kill(os.getpid(), signal.SIGKILL)
         began = time.perf_counter()
-        state = training_state(ddp, optimizer, scheduler, scaler,
-                               {"step": step, "data": sampler.state_dict(), "history": history,
-                                "identity": identity(cfg), "config": dataclasses.asdict(cfg)})
+        progress = {"step": step, "data": sampler.state_dict(), "history": history, "identity": identity(cfg),
+                    "config": dataclasses.asdict(cfg)}
+        if sharded is not None:  # every rank writes its shards (collective), synchronously
+            parallel.sync_buffers()  # one value per replicated buffer: whichever rank DCP takes it from
+            with one_line_write_errors():
+                path = sharded.save(step, parallel.module, optimizer, scheduler, scaler, progress, faults)
+            if path is not None:
+                seconds = time.perf_counter() - began
+                show.checkpoint(step, seconds, sum(sharded.bytes_of(step).values()), seconds)
+            return
+        state = training_state(parallel.net, optimizer, scheduler, scaler, progress)
         with one_line_write_errors():
             writer.submit(step, state, began)
 
@@ -351,9 +370,20 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
                "epochs_done": sampler.epoch, "accuracy": accuracy, "top5": top5, "test_loss": test_loss,
                "history": history, "seconds": time.perf_counter() - started,
                "images_per_s": samples_trained / train_seconds if train_seconds else 0.0,
-               "fingerprint": fingerprint(ddp), "output_dir": str(out)}
+               "fingerprint": _fingerprint(parallel), "output_dir": str(out)}
     show.close(step, summary)
     return summary
+
+
+def _fingerprint(parallel: Parallel) -> str:
+    """fingerprint() of the whole model, on every rank (collective under fsdp)."""
+    state = parallel.full_state_dict()  # under fsdp: gathered on rank 0, {} elsewhere
+    value = fingerprint(state) if parallel.kind == "ddp" or dist.get_rank() == 0 else None
+    if parallel.kind == "fsdp" and dist.get_world_size() > 1:
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        value = box[0]
+    return value
 
 
 def _shares(plan) -> str:
@@ -374,98 +404,8 @@ def _flops_per_sample(model: nn.Module, shape: tuple[int, ...], device: torch.de
         model.train()
 
 
-# ---------------------------------------------------------------- command line
-
-
-def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def _one_line(kind, code: int, say) -> Iterator[None]:
-    """An exception of `kind` (a class or a tuple; also as the cause of a failed world) ends
-    the program: `say` gets its one line, and the exit code is `code`."""
-    from common.launch import WorldError
-
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    try:
-        yield
-    except (*kinds, WorldError) as exc:
-        if isinstance(exc, WorldError):
-            causes = [f.exception for f in sorted(exc.failures.values(), key=lambda f: f.when)]
-            exc = next((c for c in causes if isinstance(c, kind)), None) or exc
-        if not isinstance(exc, kind):
-            raise
-        say(str(exc) if isinstance(exc, ConfigError) else f"error: {exc}")
-        raise SystemExit(code) from None
-
-
-def default_nproc() -> int:
-    """Ranks to start without torchrun: one per GPU, else 2 CPU ranks."""
-    return torch.cuda.device_count() if torch.cuda.is_available() else 2
-
-
-def choose_training_device(device: str, local_ranks: int) -> None:
-    """Check --device against this node (raise ValueError, one line) and pin the backend:
-    auto trains on GPUs when the node has them, one per local rank, and refuses fewer GPUs
-    than local ranks rather than falling back to the CPU without a word; cpu uses gloo
-    even where GPUs are visible."""
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if device == "cpu":
-        os.environ["COURSE_BACKEND"] = "gloo"
-    elif device == "cuda" and gpus == 0:
-        raise ValueError("--device cuda: no GPU is visible to this process (CUDA_VISIBLE_DEVICES? a CPU-only torch?); "
-                         "use --device cpu to train on the CPU")
-    elif 0 < gpus < local_ranks or (device == "cuda" and gpus < local_ranks):
-        raise ValueError(f"{local_ranks} ranks on this node but {gpus} GPU(s) visible: start one rank per GPU "
-                         f"(--nproc-per-node={gpus} under torchrun, --nproc {gpus} without), or --device cpu to train "
-                         "on the CPU")
-
-
-def main(argv: list[str] | None = None) -> None:
-    from common.launch import USER_ERRORS, run_or_join
-
-    under_torchrun = "RANK" in os.environ
-    if under_torchrun:
-        die_with_parent()  # torchrun starts workers in new sessions: an agent's SIGKILL would orphan us
-        if fatal_reported():  # an earlier attempt met an error no restart can fix, and said so
-            raise SystemExit(2)
-    # bad input, a missing dataset, a full disk: one line, once, exit 2; a stuck peer: one line, exit 1 (retried)
-    with _one_line(CollectiveTimeout, code=1, say=_say), _one_line(USER_ERRORS, code=2, say=report_fatal):
-        cfg = parse_config(argv, raise_errors=True)
-        if cfg.fail_at_step is not None and "TORCHELASTIC_RUN_ID" not in os.environ:
-            raise ValueError("--fail-at-step kills a rank on purpose; run under torchrun with --max-restarts=1 or "
-                             "more, which restarts the group (see solutions/phase4_production/README.md)")
-        nproc = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if under_torchrun else cfg.nproc or default_nproc()
-        choose_training_device(cfg.device, nproc)
-        try:  # the launcher forwards SIGTERM and SIGINT to its ranks; a second Ctrl-C stops at once
-            summary = run_or_join(train, nproc, args=(cfg,), timeout=cfg.timeout, forward_signals=stop_signals())
-        except KeyboardInterrupt:
-            print(f"\ninterrupted twice: the ranks were stopped without saving; the newest checkpoint in "
-                  f"{cfg.output_dir}/checkpoints is kept, run the same command to resume", file=sys.stderr)
-            raise SystemExit(130) from None
-    if summary is None:  # not rank 0 under torchrun
-        return
-    if summary.get("evaluated"):
-        top5 = f" (top-5 {summary['top5']:.2%})" if summary["top5"] is not None else ""
-        print(f"evaluated {summary['source']} (step {summary['step']} of {summary['total_steps']}) on "
-              f"{summary['world_size']} ranks: test accuracy {summary['accuracy']:.2%}{top5}, "
-              f"test loss {summary['test_loss']:.4f}")
-        print(f"weights sha256: {summary['fingerprint']}")
-        return
-    if summary["preempted"]:
-        print(f"preempted at step {summary['step']} of {summary['total_steps']}: checkpoint saved in "
-              f"{summary['output_dir']}/checkpoints; run the same command to resume")
-        print(f"weights at step {summary['step']} sha256: {summary['fingerprint']}")
-        return
-    if summary["step"] < summary["total_steps"]:
-        print(f"stopped at step {summary['step']} of {summary['total_steps']} (--max-steps {cfg.max_steps}); "
-              "run again without it to finish")
-    speed = f", {summary['images_per_s']:.0f} images/s" if summary["images_per_s"] else ", nothing left to train"
-    print(f"test accuracy {summary['accuracy']:.2%} after {summary['epochs_done']} epochs on "
-          f"{summary['world_size']} ranks ({summary['seconds']:.1f} s{speed})")
-    print(f"final weights sha256: {summary['fingerprint']}")
-
+# the command line lives in train_cli.py; these names stay importable from here
+from phase4_production.train_cli import choose_training_device, default_nproc, main  # noqa: E402,F401
 
 if __name__ == "__main__":
     main()

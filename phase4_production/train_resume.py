@@ -1,25 +1,31 @@
 """What a start of the trainer resumes, and what it refuses to.
 
-    resume_run(...)    the newest checkpoint that verifies (4.2's resume), on every rank; one
-                       line for checkpoints of another run; entries that are not readable
-                       checkpoints and newer corrupt ones set aside; hyperparameters that
-                       differ from the checkpoint's refused, or applied with --apply-changes
+    resume_run(...)    the newest checkpoint that verifies (4.2's resume; under fsdp the sharded
+                       store's), on every rank; one line for checkpoints of another run or of
+                       the other --parallel; entries that are not readable checkpoints and
+                       newer corrupt ones set aside; hyperparameters that differ from the
+                       checkpoint's refused, or applied with --apply-changes
     load_weights(...)  --init-from: a fresh run's weights from a checkpoint or a state_dict
+    export_weights()   --export: the model's full state_dict in one plain torch.save file
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
-from phase4_production.checkpoint import CheckpointManager, CorruptCheckpoint, load_verified, unwrap
+from phase4_production.checkpoint import CheckpointManager, CorruptCheckpoint, load_verified
 from phase4_production.config import (FIXED, IDENTITY, TrainConfig, changed_hyperparameters,
                                                 describe_changes)
 from phase4_production.recovery import current_attempt, resume, set_aside_newer
+from phase4_production.sharded_checkpoint import ShardedCheckpoints
+from phase4_production.train_parallel import Parallel
 from phase4_production.train_step import make_optimizer
 
 
@@ -28,36 +34,102 @@ def identity(cfg: TrainConfig) -> dict:
     return {name: getattr(cfg, name) for name in IDENTITY}
 
 
-def resume_run(checkpoints, cfg, ddp, optimizer, scheduler, scaler, device) -> dict | None:
-    """recovery.resume, with a one-line error when the checkpoints belong to another run."""
-    if not cfg.evaluate:  # an evaluation writes nothing
+def resume_run(checkpoints: CheckpointManager, sharded: ShardedCheckpoints | None, cfg: TrainConfig,
+               parallel: Parallel, optimizer, scheduler, scaler, device) -> dict | None:
+    """recovery.resume (ddp) or the sharded store's load_latest (fsdp: `sharded`), with a
+    one-line error when the checkpoints belong to another run or to the other --parallel."""
+    read_only = cfg.evaluate or cfg.export is not None
+    _refuse_the_other_kind(checkpoints, sharded, cfg)
+    if not read_only and sharded is None:
         _set_aside(checkpoints.unusable(), ".unusable", "is not a readable checkpoint file")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("always")
-            progress = resume(checkpoints, ddp, optimizer, scheduler, scaler, map_location=device)
+            if sharded is not None:
+                saved = _newest_config(checkpoints, sharded)  # checked before DCP reads any shard into the model
+                if saved is not None and saved[2] != identity(cfg):
+                    _refuse_identity(checkpoints, saved[2], cfg)
+                if saved is not None:
+                    _check_changes(changed_hyperparameters(saved[1], cfg), cfg, checkpoints, saved[0])
+                progress = sharded.load_latest(parallel.module, optimizer, scheduler, scaler, map_location=device,
+                                               set_aside=not read_only)
+            else:
+                progress = resume(checkpoints, parallel.net, optimizer, scheduler, scaler, map_location=device)
     except (RuntimeError, KeyError, ValueError) as exc:
         if "state_dict" not in str(exc) and not isinstance(exc, KeyError):
             raise
-        newest = checkpoints.load_latest()  # why the state did not fit: a setting that cannot change?
-        if newest is not None and "config" in newest[1]["progress"]:
-            _check_changes(changed_hyperparameters(newest[1]["progress"]["config"], cfg), cfg, checkpoints, newest[0])
+        saved = _newest_config(checkpoints, sharded)  # why the state did not fit: a setting that cannot change?
+        if saved is not None:
+            _check_changes(changed_hyperparameters(saved[1], cfg), cfg, checkpoints, saved[0])
         raise ValueError(f"the checkpoints in {checkpoints.folder} are not of this run "
                          f"({str(exc).splitlines()[0]}): use another --output-dir, or delete them to start over") from None
     if progress is not None and progress.get("identity") != identity(cfg):
-        raise ValueError(f"the checkpoints in {checkpoints.folder} were written by a run with "
-                         f"{progress.get('identity')}, this run has {identity(cfg)}: use another --output-dir, "
-                         "or delete them to start over")
-    if not cfg.evaluate:
+        _refuse_identity(checkpoints, progress.get("identity"), cfg)
+    if not read_only and sharded is None:  # (the sharded store sets aside what fails as it tries it)
         set_aside_newer(checkpoints, int(progress["step"]) if progress else None)  # failed verification
     changes = changed_hyperparameters(progress["config"], cfg) if progress and "config" in progress else {}
     if changes:
         _check_changes(changes, cfg, checkpoints, progress["step"])
-        _apply_changes(cfg, unwrap(ddp), optimizer, scheduler, changes)
+        _apply_changes(cfg, parallel.module, optimizer, scheduler, changes)
     return progress
 
 
-def load_weights(model: nn.Module, path: str, device: torch.device) -> None:
+def _refuse_the_other_kind(checkpoints: CheckpointManager, sharded: ShardedCheckpoints | None,
+                           cfg: TrainConfig) -> None:
+    """ValueError (one line) when the folder holds only checkpoints of the other --parallel:
+    ddp writes one file per step (step_N.pt), fsdp a folder of shards (step_N/)."""
+    files, folders = checkpoints.steps(), ShardedCheckpoints(checkpoints.folder).steps()
+    mine, other = (folders, files) if sharded is not None else (files, folders)
+    if other and not mine:
+        was, now = ("ddp", "fsdp") if sharded is not None else ("fsdp", "ddp")
+        raise ValueError(f"the checkpoints in {checkpoints.folder} were written with --parallel {was}, this run "
+                         f"uses --parallel {now}: resume with --parallel {was}, or write the weights with "
+                         f"--parallel {was} --export FILE and start a new run (another --output-dir) with "
+                         "--init-from FILE")
+
+
+def _refuse_identity(checkpoints: CheckpointManager, saved: dict | None, cfg: TrainConfig) -> None:
+    raise ValueError(f"the checkpoints in {checkpoints.folder} were written by a run with {saved}, this run has "
+                     f"{identity(cfg)}: use another --output-dir, or delete them to start over")
+
+
+def _newest_config(checkpoints: CheckpointManager,
+                   sharded: ShardedCheckpoints | None) -> tuple[int, dict, dict | None] | None:
+    """(step, config, identity) saved with the newest checkpoint of this kind that holds a
+    config (the sharded store's extra file, read without its shards)."""
+    if sharded is not None:
+        for step in reversed(sharded.steps()):
+            try:
+                progress = load_verified(sharded.path_for(step) / "extra.pt")["progress"]
+            except (CorruptCheckpoint, OSError):
+                continue  # load_latest sets it aside and reports it
+            return (step, progress["config"], progress.get("identity")) if "config" in progress else None
+        return None
+    newest = checkpoints.load_latest()
+    if newest is not None and "config" in newest[1]["progress"]:
+        return newest[0], newest[1]["progress"]["config"], newest[1]["progress"].get("identity")
+    return None
+
+
+def export_weights(parallel: Parallel, path: str, source: Path | None) -> str:
+    """--export: the model's full state_dict (gathered from the shards under fsdp) written by
+    rank 0 to `path` with torch.save, atomically (a temporary file renamed). Collective.
+    Returns what was exported, for the summary; ValueError (one line) with no checkpoint."""
+    if source is None:
+        raise ValueError("--export: no checkpoint in --output-dir to export (train first, or point --output-dir "
+                         "at a run)")
+    state = parallel.full_state_dict()
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        tmp = Path(path).with_name(f".{Path(path).name}.tmp{os.getpid()}")
+        try:
+            torch.save(state, tmp)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return f"{source} -> {path}"
+
+
+def load_weights(parallel: Parallel, path: str, device: torch.device) -> None:
     """--init-from: the model's weights from a checkpoint of this trainer (verified) or a
     state_dict file (loaded with weights_only=True); ValueError (one line) if they do not fit."""
     try:
@@ -71,7 +143,7 @@ def load_weights(model: nn.Module, path: str, device: torch.device) -> None:
     if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
         state = state["model"]
     try:
-        model.load_state_dict(state)
+        parallel.load_full_state_dict(state)
     except (RuntimeError, TypeError, AttributeError) as exc:
         raise ValueError(f"--init-from {path} does not fit this --model: {str(exc).splitlines()[0]}") from None
 

@@ -3,7 +3,7 @@
     lr_schedule, make_optimizer   the optimizer and its schedule (from the config)
     autocast_dtype                --amp on this device
     StepParts + train_step        one step over this rank's share of a global batch:
-                                  forward/backward per micro-batch (DDP syncs on the last),
+                                  forward/backward per micro-batch (DDP or FSDP reduces on the last),
                                   unscale + clip, optimizer, loss scaler, compression memory
 """
 
@@ -15,13 +15,13 @@ import math
 
 import torch
 import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from phase4_production.compression import CompressionState
 from phase4_production.config import TrainConfig
 from phase4_production.elastic import BatchPlan
 from phase4_production.monitoring import StepTimer
 from phase4_production.recovery import FaultInjector
+from phase4_production.train_parallel import Parallel
 
 
 def autocast_dtype(mode: str, device: torch.device) -> torch.dtype | None:
@@ -90,8 +90,8 @@ class NonFiniteLoss(ValueError):
 class StepParts:
     """What every optimizer step of an attempt uses."""
 
-    net: nn.Module                        # what the forward calls: ddp, or torch.compile(ddp)
-    ddp: DDP
+    net: nn.Module                        # what the forward calls: parallel.net, or torch.compile of it
+    parallel: Parallel                    # DDP or FSDP: no_sync, buffers, the parameters
     plan: BatchPlan                       # every rank's share of the global batch, in passes
     rank: int                             # whose share this process trains on
     loss_fn: nn.Module
@@ -118,7 +118,7 @@ class SyncPoints:
     busy time is the same (the fast ones wait inside DDP for the slow one), and the
     straggler detector could never name anyone."""
 
-    def __init__(self, ddp: DDP, timer: StepTimer, faults: FaultInjector):
+    def __init__(self, ddp: nn.Module, timer: StepTimer, faults: FaultInjector):
         self.timer, self.faults = timer, faults
         self.synced = self.last_grad = None
         module = ddp.module
@@ -151,7 +151,8 @@ def train_step(parts: StepParts, batch, timer: StepTimer, faults: FaultInjector)
     """One optimizer step over this rank's share of a global batch, in plan.accumulation
     passes (DDP's all-reduce runs in the last backward only); returns this rank's mean loss.
     A step the loss scaler skips (inf/NaN gradients) also empties the compression memory,
-    which would otherwise carry the inf into every later step."""
+    which would otherwise carry the inf into every later step. Under fsdp the fault point
+    "allreduce" fires as the last backward (the one that reduce-scatters) begins."""
     x, y = batch
     x = x.to(parts.device, non_blocking=True,
              memory_format=torch.channels_last if parts.channels_last else torch.preserve_format)
@@ -159,8 +160,12 @@ def train_step(parts: StepParts, batch, timer: StepTimer, faults: FaultInjector)
     total = 0.0
     slices = parts.plan.micro_slices(parts.rank)
     share = parts.plan.shares[parts.rank]
+    if parts.parallel.kind == "fsdp":
+        with timer.phase("comm"):
+            parts.parallel.sync_buffers()  # rank 0's BatchNorm statistics, as DDP's forward broadcasts them
     for i, (part, weight) in enumerate(slices):
-        sync = contextlib.nullcontext() if i == len(slices) - 1 else parts.ddp.no_sync()
+        last = i == len(slices) - 1
+        sync = contextlib.nullcontext() if last else parts.parallel.no_sync()
         points = parts.sync_points
         with sync:
             if points is None:
@@ -169,6 +174,8 @@ def train_step(parts: StepParts, batch, timer: StepTimer, faults: FaultInjector)
                     loss = _forward(parts, x[part], y[part])
                 with timer.phase("backward"):
                     faults.point("backward")
+                    if last and parts.parallel.kind == "fsdp":
+                        faults.point("allreduce")
                     parts.scaler.scale(loss * weight).backward()
             else:  # DDP's collectives inside forward() and backward() count as comm
                 points.synced, begin = None, timer.mark()
@@ -183,7 +190,7 @@ def train_step(parts: StepParts, batch, timer: StepTimer, faults: FaultInjector)
         scaler, optimizer = parts.scaler, parts.optimizer
         if parts.grad_clip > 0:
             scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(parts.ddp.parameters(), parts.grad_clip)
+            torch.nn.utils.clip_grad_norm_(parts.parallel.module.parameters(), parts.grad_clip)
         scale = scaler.get_scale()  # 1.0 when disabled
         scaler.step(optimizer)
         scaler.update()  # the scale shrinks exactly when the gradients were not finite

@@ -454,6 +454,7 @@ def _fp16_steps_around_an_overflow() -> list[bool]:
     from solutions.phase4_production.monitoring import StepTimer
     from solutions.phase4_production.recovery import FaultInjector
     from solutions.phase4_production.train import StepParts, train_step
+    from solutions.phase4_production.train_parallel import Parallel
 
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 4)
@@ -461,7 +462,7 @@ def _fp16_steps_around_an_overflow() -> list[bool]:
     state = TopKState(ratio=0.5, start_iter=2)
     ddp.register_comm_hook(state, topk_hook)
     scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
-    parts = StepParts(ddp, ddp, plan_batches(4, 1, 4), 0, torch.nn.CrossEntropyLoss(),
+    parts = StepParts(ddp, Parallel("ddp", ddp, model), plan_batches(4, 1, 4), 0, torch.nn.CrossEntropyLoss(),
                       torch.optim.SGD(model.parameters(), lr=0.1), scaler, torch.float16, torch.device("cpu"),
                       compression=state)
     batch = (torch.randn(4, 8), torch.arange(4))
@@ -601,7 +602,8 @@ BAD_VALUES = {
     "tensorboard": ["maybe"], "progress": ["maybe"], "max_steps": ["0"], "device": ["tpu"], "nproc": ["0"],
     "timeout": ["0", "nan", "inf"], "apply_changes": ["maybe"], "pg_timeout": ["0", "nan"],
     "pg_init_timeout": ["-1", "inf"], "evaluate": ["maybe"], "sync_bn": ["maybe"],
-    "init_from": ["/no/such/file", "FILE/below"], "stop_check_every": ["0"],
+    "init_from": ["/no/such/file", "FILE/below"], "stop_check_every": ["0"], "parallel": ["zero3"],
+    "reshard_after_forward": ["maybe"], "cpu_offload": ["maybe"], "export": ["FILE/below", "/no/such/folder/w.pt"],
 }
 
 
