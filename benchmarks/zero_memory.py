@@ -4,8 +4,8 @@
     python benchmarks/zero_memory.py --worlds 2 3 --width 512 --layers 8 --learner
 
 For each world size a world of ranks (common.launch.run_world) trains the same MLP two
-Adam steps with each stage (stages 0-2 wrap torch.optim.Adam; stage 3 has its own). During
-the second step every rank samples
+Adam steps with each stage (stages 0-2 wrap torch.optim.Adam; torch.optim.Adam steps stage
+3's shards, ZeroStage3 wrapping the model). During the second step every rank samples
 `common.measure.training_memory` (the model's parameters, their .grad, what the optimizer
 keeps) at every collective it calls and at the end of backward (CollectiveLog's on_call),
 and after the step; it also counts the elements it sends (ring model of the calls it
@@ -60,8 +60,9 @@ def bench_rank(module_name: str, width: int, layers: int, batch: int) -> dict:
     out = {}
     for stage, name in CLASSES.items():
         model = build(width, layers, 10).to(device)
-        if stage == 3:
-            optimizer = mod.ZeroStage3(model, lr=1e-3)
+        if stage == 3:  # a module wrapper: the optimizer steps its parameters, this rank's shards
+            model = mod.ZeroStage3(model)
+            optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
         else:
             optimizer = getattr(mod, name)(model.parameters(), torch.optim.Adam, lr=1e-3)
         optimizer.zero_grad()
@@ -101,10 +102,11 @@ def report(r: dict, args) -> str:
     impl = "your zero.py" if args.learner else "reference zero.py"
     lines = [f"MLP {args.layers} x Linear(width {args.width}), Psi = {psi:,} fp32 parameters in {len(r['units'])} units "
              f"(the largest {max(r['units']) / psi:.0%}), Adam, {impl}, rank 0",
-             "after the step: params + grads + optimizer-held (shards, Adam state), measured by training_memory vs "
-             "zero_state_bytes;",
+             "after the step: params (stage 3: its shards) + grads + optimizer-held (stage 2's slices, Adam state), "
+             "measured by training_memory vs zero_state_bytes;",
              "peak: the most held at any collective or at the end of backward (activations not counted), and the "
-             "full gradients then; comm: elements sent per step (ring model) / Psi", ""]
+             "gradients then (stage 3: its shards' and a gathered unit's); comm: elements sent per step (ring model) "
+             "/ Psi", ""]
     lines.append(f"{'N':>3} {'stage':<13} {'params MB':>10} {'grads MB':>9} {'optim MB':>9} {'total MB':>9} "
                  f"{'=formula':>8} {'B/Psi':>6} {'vs DP':>6} {'peak B/Psi':>11} {'of it grads':>12} {'peak at':<22} "
                  f"{'comm/Psi':>9}")

@@ -334,26 +334,43 @@ class PointToPointLog(CollectiveLog):
 # ---------------------------------------------------------- saved activations
 
 
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor whose memory this rank holds for `tensor`: a DTensor's local shard (`to_local()`,
+    e.g. a parameter, gradient or optimizer state under torch's fully_shard), any other tensor itself."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) and _is_dtensor(tensor) else tensor
+
+
+def _is_dtensor(tensor: torch.Tensor) -> bool:
+    if not dist.is_available():
+        return False
+    from torch.distributed.tensor import DTensor  # here: a plain tensor never pays for the import
+    return isinstance(tensor, DTensor)
+
+
 def storage_key(tensor: torch.Tensor) -> tuple | None:
-    """(device, address) of the memory block under `tensor`; None for a tensor without storage.
+    """(device, address) of the memory block under `tensor` (a DTensor: under its local shard); None for a
+    tensor without storage.
 
     A view and its base have the same key: they are one buffer in memory.
     """
+    tensor = local_tensor(tensor)
     try:
         storage = tensor.untyped_storage()
+        return (str(tensor.device), storage.data_ptr())
     except (RuntimeError, NotImplementedError):  # e.g. tensor subclasses without storage
         return None
-    return (str(tensor.device), storage.data_ptr())
 
 
 def distinct_storage_bytes(tensors: Iterable[torch.Tensor], exclude: Iterable[torch.Tensor] = ()) -> int:
-    """Bytes of the distinct storages under `tensors`, each counted once and whole; `exclude`'s not at all."""
+    """Bytes of the distinct storages under `tensors`, each counted once and whole; `exclude`'s not at all.
+    A DTensor counts the storage under its local shard (`local_tensor`): the bytes this rank holds."""
     excluded = {storage_key(t) for t in exclude}
     sizes = {}
     for t in tensors:
         key = storage_key(t)
         if key is not None and key not in excluded:
-            sizes[key] = t.untyped_storage().nbytes()
+            sizes[key] = local_tensor(t).untyped_storage().nbytes()
     return sum(sizes.values())
 
 
@@ -474,11 +491,23 @@ def reachable_tensors(root: object) -> list[torch.Tensor]:
     return found
 
 
+def module_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """model.parameters(), then every tensor a module of `model` holds as a plain attribute (not a
+    parameter nor a buffer): e.g. the full parameters a sharded module swaps in while a unit runs,
+    as FSDP1 sets its unsharded views, and ZeRO-3 here."""
+    found = list(model.parameters())
+    for module in model.modules():
+        found += [value for value in vars(module).values() if isinstance(value, torch.Tensor)]
+    return found
+
+
 def training_memory(model: torch.nn.Module, optimizer: object) -> dict[str, int]:
     """Bytes a rank holds for training right now, by kind; each storage counted once, whole.
 
-        'params'     the storages under model.parameters() (a parameter that is a view of
-                     a flat buffer counts the whole buffer; a freed, resized-to-0 one 0)
+        'params'     the storages under model.parameters() and under the tensors its modules
+                     hold as plain attributes (module_tensors: a sharded model's gathered
+                     parameters); a parameter that is a view of a flat buffer counts the
+                     whole buffer, a freed (resized-to-0) one 0, a DTensor its local shard
         'grads'      the storages under their .grad (None: 0)
         'optimizer'  every other tensor `optimizer` keeps reachable (reachable_tensors):
                      shards of parameters and gradients, Adam's state, flat buffers
@@ -488,7 +517,7 @@ def training_memory(model: torch.nn.Module, optimizer: object) -> dict[str, int]
     buffer the optimizer keeps is a gradient). Activations and temporaries are not here:
     sample this at the moments they matter, e.g. `CollectiveLog(on_call=...)`.
     """
-    params = list(model.parameters())
+    params = module_tensors(model)
     kinds = {"params": params, "grads": [p.grad for p in params if p.grad is not None],
              "optimizer": reachable_tensors(optimizer)}
     counted: list[torch.Tensor] = []

@@ -25,10 +25,21 @@ How a share is cut is the design choice (guidelines, 2.4, "Whole parameters or s
                 exactly 1/N, gradients reduce-scattered as backward produces them (DP's
                 traffic), but the wrapped optimizer sees slices: it must be element-wise
                 (SGD, Adam, AdamW, ...: ZeroStage2.ELEMENTWISE); others are refused.
-    ZeroStage3  parameters sharded too, flat slices per unit (each child of `model` that has
-                parameters, as FSDP wraps them), stepped by its own Adam (`adam_update`):
-                its slices exist only inside hooks it owns, and between steps the model's
-                parameters have no storage for a torch optimizer to hold.
+
+Stage 3 shards the parameters too, so between uses no rank holds a whole one: it is a
+MODULE wrapper, as both FSDP generations are, whose parameters are this rank's shards, and
+any element-wise torch.optim optimizer steps them:
+
+    sharded = ZeroStage3(model, compute_dtype=torch.bfloat16)    # optional: gather and compute in bf16
+    optimizer = torch.optim.AdamW(sharded.parameters(), lr=1e-3)
+    ... optimizer.zero_grad(); loss_fn(sharded(inputs).float(), targets).backward(); optimizer.step()
+
+    ZeroStage3  each unit (each child of `model` that has trainable parameters, as FSDP wraps
+                them) laid out in one flat buffer padded to N equal slices (FSDP1's flat
+                parameter): rank r's slice, an fp32 nn.Parameter, replaces the unit's
+                parameters in the model; hooks gather the unit just before it runs (forward,
+                and again for backward) and free it after, and reduce-scatter its gradients
+                into the slice's .grad as soon as backward has produced them.
 
                          parameters        gradients                 optimizer state   bytes per rank, Adam
     DataParallelOptimizer all              all (all-reduce)          all               16Ψ
@@ -36,7 +47,7 @@ How a share is cut is the design choice (guidelines, 2.4, "Whole parameters or s
     ZeroStage2           all               my slices (reduce-scatter my slices         4Ψ + 12Ψ/N
                                            per parameter in backward)
     ZeroStage3           my slices (+ the  my slices (same, per      my slices         16Ψ/N
-                         running unit's)   unit)
+                         running unit's)   unit)                     (the optimizer's)
 
 Communication per step, elements each rank sends (ring algorithms): DP's all-reduce is
 2Ψ(N-1)/N = a reduce-scatter plus an all-gather; stage 2 is exactly those two; stage 1
@@ -50,12 +61,13 @@ gloo (torch 2.14) reduce_scatter_tensor runs an all-reduce inside and keeps one 
 
 Production: torch.distributed.optim.ZeroRedundancyOptimizer (stage 1, whole parameters),
 DeepSpeed ZeRO stages 1-3 (flat partitions), torch.distributed.fsdp.fully_shard (FSDP2,
-torch >= 2.6 under that name: stage 3, every parameter sharded on dim 0).
+torch >= 2.6 under that name: stage 3, every parameter a DTensor sharded on dim 0; the
+guidelines, 2.4, "From ZeRO-3 to FSDP2", map this file onto it).
 """
 
 from __future__ import annotations
 
-import math
+from functools import partial
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -260,55 +272,54 @@ class ZeroStage2(ShardedOptimizer):
         return loss
 
 
-# ---------------------------------------------------------------- stage 3: its own Adam
-
-
-def adam_update(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-                step: int, lr: float, betas: tuple[float, float], eps: float, weight_decay: float = 0.0) -> None:
-    """One torch.optim.Adam step (amsgrad=False), in place, on same-shaped tensors; `step` counts from 1.
-
-        g = grad + weight_decay * param          m = b1*m + (1-b1)*g      v = b2*v + (1-b2)*g*g
-        param -= lr / (1 - b1^step) * m / (sqrt(v) / sqrt(1 - b2^step) + eps)
-
-    Element-wise: updating a slice of a flat vector is updating those parameters. `grad`
-    is not modified.
-    """
-    raise NotImplementedError('TODO 2.4: update param, exp_avg and exp_avg_sq in place as the docstring says, to float32 rounding of torch.optim.Adam (compute it in the same order: torch/optim/adam.py, _single_tensor_adam)')
+# ---------------------------------------------------------------- stage 3: a module wrapper
 
 
 class FlatParams:
-    """Parameters laid end to end in one 1-D buffer, padded to N equal shards.
+    """One unit's trainable parameters laid end to end in one 1-D buffer, padded to N equal shards (FSDP1's
+    flat parameter).
 
-    After construction each parameter IS a view into `data` (`p.data = data[o:o+n]`), so
-    writing `data` (e.g. an all-gather into it) writes the parameters, and freeing its
-    storage frees them. Rank r owns `data[lo:hi]`, hi - lo = shard_size = ceil(numel / N).
+    `shard`: this rank's slice (elements lo:hi of the padded concatenation, hi - lo = shard_size =
+    ceil(numel / N)) as an nn.Parameter of its own, in the parameters' dtype: the master copy the
+    optimizer steps. `data`: the whole buffer, `padded` elements in `dtype` (the compute dtype; default
+    the parameters' own). `params`: one tensor per parameter, shaped like it (`shapes`), each a view of
+    `data` (`full.data = data[a:b].view(shape)`, `slices[i] = (a, b)`) and a leaf that requires grad:
+    writing `data` (an all-gather into it) writes them, freeing its storage frees them, and backward
+    accumulates their gradients in their .grad. Padding is zeros.
     """
 
-    def __init__(self, params: Sequence[nn.Parameter], world_size: int, rank: int):
+    def __init__(self, params: Sequence[nn.Parameter], world_size: int, rank: int, dtype: torch.dtype | None = None):
         params = list(params)
         if not params:
             raise ValueError("FlatParams needs at least one parameter")
         first = params[0]
         if any(p.dtype != first.dtype or p.device != first.device for p in params):
-            raise ValueError("all parameters of a sharded unit must share one dtype and device; cast the model first")
-        self.params = params
+            raise ValueError("all trainable parameters of a sharded unit must share one dtype and device; cast the "
+                             "model first")
         self.numel = sum(p.numel() for p in params)
         self.shard_size = -(-self.numel // world_size)
         self.padded = self.shard_size * world_size
         self.lo, self.hi = rank * self.shard_size, (rank + 1) * self.shard_size
-        self.data = torch.zeros(self.padded, dtype=first.dtype, device=first.device)
-        self.slices = []
+        self.shapes = [p.shape for p in params]
+        self.slices: list[tuple[int, int]] = []
+        values = torch.zeros(self.padded, dtype=first.dtype, device=first.device)
         offset = 0
         with torch.no_grad():
             for p in params:
-                n = p.numel()
-                self.data[offset:offset + n].copy_(p.reshape(-1))
-                p.data = self.data[offset:offset + n].view_as(p)
-                self.slices.append((offset, offset + n))
-                offset += n
+                values[offset:offset + p.numel()].copy_(p.reshape(-1))
+                self.slices.append((offset, offset + p.numel()))
+                offset += p.numel()
+        self.shard = nn.Parameter(values[self.lo:self.hi].clone())
+        self.data = values.to(dtype or first.dtype)
+        self.params: list[torch.Tensor] = []
+        for (a, b), shape in zip(self.slices, self.shapes):
+            full = torch.empty(0, dtype=self.data.dtype, device=self.data.device)
+            full.data = self.data[a:b].view(shape)  # its own version counter: refilling `data` is no in-place edit
+            self.params.append(full.requires_grad_())
 
     def flat_grad(self) -> torch.Tensor:
-        """A NEW padded 1-D tensor: every p.grad (zeros where None) end to end, then zeros."""
+        """A NEW padded 1-D tensor in data's dtype: every full parameter's .grad (zeros where None) end to end, then
+        zeros."""
         parts = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
                  for p in self.params]
         parts.append(torch.zeros(self.padded - self.numel, dtype=self.data.dtype, device=self.data.device))
@@ -316,7 +327,7 @@ class FlatParams:
 
     def split(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Views of a padded flat tensor shaped like each parameter."""
-        return [flat[a:b].view_as(p) for p, (a, b) in zip(self.params, self.slices)]
+        return [flat[a:b].view(shape) for (a, b), shape in zip(self.slices, self.shapes)]
 
 
 def sharding_units(model: nn.Module) -> list[tuple[nn.Module, list[nn.Parameter]]]:
@@ -341,61 +352,136 @@ def sharding_units(model: nn.Module) -> list[tuple[nn.Module, list[nn.Parameter]
     return units
 
 
-class ZeroStage3:
-    """Parameters, gradients and Adam state sharded: between uses a unit keeps only `unit.shard`.
+def _cast_floats(value, dtype: torch.dtype):
+    """`value` with every floating-point tensor in it (nested in tuples, lists, dicts) cast to `dtype`."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if type(value) in (tuple, list):
+        return type(value)(_cast_floats(v, dtype) for v in value)
+    if type(value) is dict:
+        return {k: _cast_floats(v, dtype) for k, v in value.items()}
+    return value
 
-    ZeroStage3(model, lr, betas, eps, weight_decay): torch.optim.Adam's hyperparameters
-    (L2 weight decay), stepped by `adam_update` on flat slices. Per unit (sharding_units)
-    a FlatParams whose `data` storage is freed (0 bytes) except while the unit runs, with
-    `shard` (my slice, a copy), `grad_shard`, and Adam's `exp_avg`, `exp_avg_sq`. Frozen
-    parameters stay whole and unchanged. Use: zero_grad(), forward, backward (several
-    accumulate), step(). Between steps the model's parameters have no storage: read them
-    with `full_state_dict()` (on every rank), not `model.state_dict()`. A unit's forward may
-    return a tensor or a tuple/list of tensors. Raises ValueError for what torch.optim.Adam
-    refuses (lr, eps or weight_decay < 0, betas outside [0, 1)), for parameters registered
-    on the root module, for a parameter shared by two units, and if none requires a gradient.
+
+class ZeroStage3(nn.Module):
+    """Parameters, gradients and optimizer state sharded: a module wrapper whose parameters are this rank's shards.
+
+        sharded = ZeroStage3(model, compute_dtype=torch.bfloat16)   # None: compute in the parameters' dtype
+        optimizer = torch.optim.AdamW(sharded.parameters(), lr=1e-3)  # any element-wise torch.optim optimizer
+        for inputs, targets in batches:                               # this rank's share of each batch
+            optimizer.zero_grad()
+            loss_fn(sharded(inputs).float(), targets).backward()       # shard.grad: my slice of the average
+            optimizer.step()
+        weights = sharded.full_state_dict()                           # every rank calls it (it gathers)
+
+    Each unit (sharding_units: a child of `model` with trainable parameters) becomes a
+    FlatParams: its `shard`, an fp32 nn.Parameter (FSDP1's flat parameter: one per unit), is
+    registered on the child as `flat_param` in place of the unit's trainable parameters, which
+    become plain attributes of their modules, views of `unit.data` whose storage is freed (0
+    bytes) except while the unit runs. So `sharded.parameters()` (and `model.parameters()`)
+    yield this rank's shards, plus frozen parameters (whole, untouched) and replicated ones
+    (below): hand them to the optimizer. The optimizer sees 1-D slices that cut across
+    parameters, so it must be element-wise (ZeroStage2.ELEMENTWISE); one that looks at a whole
+    tensor (Adafactor, LAMB, a gradient-norm clip) runs on the slices and trains differently.
+    After a backward pass each shard's .grad holds this rank's slice of the rank-averaged
+    gradient, in the shard's dtype (added: passes accumulate until the optimizer's zero_grad);
+    nothing needs calling after backward, nor after the step (the next forward gathers).
+
+    `compute_dtype` (bf16 or fp16; None: the parameters' own): a unit gathers its parameters in
+    it and runs forward and backward in it, its floating-point inputs cast to it; the shards
+    stay in their dtype (fp32 masters), and gradients are upcast before being reduced (the
+    reduce-scatter runs in the shards' dtype: MixedPrecisionPolicy(param_dtype=..., reduce_dtype=
+    torch.float32) in FSDP2's words). Frozen parameters of a sharded unit must already be in it.
+    `replicate_below`: a unit with fewer trainable elements stays whole on every rank, as in DDP
+    (a norm layer: gathering a few hundred numbers costs a collective's latency for nothing;
+    DeepSpeed's stage3_param_persistence_threshold, per unit here): its parameters stay its
+    own, their gradients are all-reduced and averaged as backward produces them, and it
+    computes in its parameters' dtype (its floating-point inputs cast to it when a compute
+    dtype is set).
+
+    Build the model on its device first (the full views do not move with .to()); every rank
+    must hold the same initial parameters. Between steps read the weights with
+    `full_state_dict()` ({name: full parameter, fp32}, on every rank); `state_dict()` is this
+    rank's shards. A unit's forward may return a tensor or a tuple/list of tensors. Raises
+    ValueError for a compute_dtype that is not a floating-point dtype, parameters registered on
+    the root module, a parameter shared by two units, a sharded unit whose trainable parameters
+    differ in dtype or device, a frozen parameter of a sharded unit not in the compute dtype,
+    and if no parameter requires a gradient.
 
         forward pre-hook      _pre_forward     unshard (all-gather)
         forward hook          _post_forward    reshard (free); hook the output for backward
         output's grad ready   _pre_backward    unshard (backward needs W for dL/dx)
-        a parameter's .grad   _post_accumulate_grad   the unit's last one: backward_done(unit)
-          is accumulated                       = reduce-scatter into grad_shard, free grads, reshard
+        a full parameter's    _post_accumulate_grad   the unit's last one: backward_done(unit)
+          .grad is accumulated                 = reduce-scatter into shard.grad, free grads, reshard
         backward has ended    _end_of_backward units not done (a parameter got no gradient
                                                this time): backward_done now
 
     Every unit is reduced exactly once per backward pass, in the same order on every rank.
     """
 
-    def __init__(self, model: nn.Module, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0):
+    def __init__(self, model: nn.Module, compute_dtype: torch.dtype | None = None, replicate_below: int = 0):
+        super().__init__()
         _require_process_group(type(self).__name__)
-        if lr < 0 or eps < 0 or weight_decay < 0 or not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"need lr >= 0, eps >= 0, weight_decay >= 0 and 0 <= betas < 1; got lr={lr}, "
-                             f"betas={betas}, eps={eps}, weight_decay={weight_decay}")
-        self.model = model
-        self.lr, self.betas, self.eps, self.weight_decay = lr, tuple(betas), eps, weight_decay
+        if compute_dtype is not None and not (isinstance(compute_dtype, torch.dtype) and compute_dtype.is_floating_point):
+            raise ValueError(f"ZeroStage3: compute_dtype must be a floating-point dtype (torch.bfloat16, "
+                             f"torch.float16) or None, got {compute_dtype!r}")
+        self.module = model
+        self.compute_dtype = compute_dtype
         self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
-        self.names = {p: name for name, p in model.named_parameters()}
-        self.step_count = 0
+        self.named = list(model.named_parameters())  # (name, parameter) as the model had them, for full_state_dict
+        names = {p: name for name, p in self.named}
         self.units: list[FlatParams] = []
+        self.replicated: list[nn.Parameter] = []
         for child, params in sharding_units(model):
-            unit = FlatParams(params, self.world_size, self.rank)
-            unit.grad_shard = torch.zeros(unit.shard_size, dtype=unit.data.dtype, device=unit.data.device)
-            unit.exp_avg = torch.zeros_like(unit.grad_shard)
-            unit.exp_avg_sq = torch.zeros_like(unit.grad_shard)
-            unit.grads_ready = 0  # parameters of the unit whose gradient this backward pass produced
+            if sum(p.numel() for p in params) < replicate_below:
+                self._replicate(child, params)
+                continue
+            frozen = [p for p in child.parameters() if not p.requires_grad]
+            if compute_dtype is not None and any(p.dtype != compute_dtype for p in frozen):
+                raise ValueError(f"ZeroStage3: `{names[frozen[0]]}` is frozen (it stays whole) in {frozen[0].dtype}, "
+                                 f"but its unit computes in {compute_dtype}: cast the frozen parameters first")
+            unit = FlatParams(params, self.world_size, self.rank, compute_dtype)
+            unit.names = [names[p] for p in params]
+            unit.grads_ready = 0  # full parameters of the unit whose gradient this backward pass produced
             unit.done = False  # backward_done(unit) ran in this backward pass
-            unit.shard = unit.data[unit.lo:unit.hi].clone()
-            for p in params:
-                p.register_post_accumulate_grad_hook(lambda param, unit=unit: self._post_accumulate_grad(unit))
-            child.register_forward_pre_hook(lambda module, args, unit=unit: self._pre_forward(unit))
+            for p, full in zip(params, unit.params):
+                _replace_parameter(child, p, full)
+                full.register_post_accumulate_grad_hook(lambda tensor, unit=unit: self._post_accumulate_grad(unit))
+            child.register_parameter("flat_param", unit.shard)
+            child.register_forward_pre_hook(partial(self._forward_pre_hook, unit), with_kwargs=True)
             child.register_forward_hook(lambda module, args, output, unit=unit: self._post_forward(unit, output))
             self.units.append(unit)
-        if not self.units:
+        if not self.units and not self.replicated:
             raise ValueError("ZeroStage3: the model has no parameter that requires a gradient")
         for unit in self.units:
             self.reshard(unit)
         self.end_queued = False  # _end_of_backward is queued for the running backward pass
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def _replicate(self, child: nn.Module, params: list[nn.Parameter]) -> None:
+        """A unit kept whole on every rank: DDP's averaged gradients, its own dtype."""
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._replicated_grad_ready)
+        self.replicated += params
+        if self.compute_dtype is not None:
+            dtype = params[0].dtype
+            child.register_forward_pre_hook(lambda module, args, kwargs: _cast_floats((args, kwargs), dtype),
+                                            with_kwargs=True)
+
+    @torch.no_grad()
+    def _replicated_grad_ready(self, p: torch.Tensor) -> None:
+        """Hook: a replicated parameter's gradient of this pass is accumulated: average it over the ranks (what
+        earlier passes left there is already the same on every rank, so averaging keeps it)."""
+        dist.all_reduce(p.grad)
+        p.grad.div_(self.world_size)
+
+    def _forward_pre_hook(self, unit: FlatParams, module: nn.Module, args: tuple, kwargs: dict):
+        self._pre_forward(unit)
+        if self.compute_dtype is not None:
+            return _cast_floats((args, kwargs), self.compute_dtype)
+        return None
 
     @staticmethod
     def is_unsharded(unit: FlatParams) -> bool:
@@ -403,11 +489,11 @@ class ZeroStage3:
 
     def unshard(self, unit: FlatParams) -> None:
         """Make the unit's parameters whole: unit.data gets its storage back, filled with every rank's shard."""
-        raise NotImplementedError("TODO 2.4: re-grow the SAME storage under unit.data (the parameters and the views autograd saved point into it), then fill it from every rank's unit.shard (pointer: Tensor.untyped_storage)")
+        raise NotImplementedError("TODO 2.4: re-grow the SAME storage under unit.data (the full parameters and the views autograd saved point into it), then fill it with every rank's unit.shard in unit.data's dtype; the shard itself stays as it is (the fp32 master, a Parameter that requires grad: the collective takes a tensor that does not). Pointer: Tensor.untyped_storage")
 
     def reshard(self, unit: FlatParams) -> None:
         """Free the full parameters of the unit (its shard stays)."""
-        raise NotImplementedError('TODO 2.4: the memory under unit.data, hence under every parameter and every view autograd saved of them, is released (0 bytes) while those tensors stay valid objects to refill later (pointer: Tensor.untyped_storage)')
+        raise NotImplementedError('TODO 2.4: the memory under unit.data, hence under every full parameter and every view autograd saved of them, is released (0 bytes) while those tensors stay valid objects to refill later (pointer: Tensor.untyped_storage)')
 
     def _pre_forward(self, unit: FlatParams) -> None:
         """Forward pre-hook: the unit is about to run."""
@@ -421,44 +507,42 @@ class ZeroStage3:
         """Tensor hook: the gradient of one of the unit's outputs is ready; the unit's backward is next."""
         raise NotImplementedError('TODO 2.4: its parameters must be whole again, gathered once even when several outputs call this')
 
+    @torch.no_grad()
     def reduce_gradients(self, unit: FlatParams) -> None:
-        """Add the rank-average of the unit's gradients (None = zeros) to unit.grad_shard; free every p.grad."""
-        raise NotImplementedError("TODO 2.4: unit.grad_shard += this rank's shard of (sum over ranks of the unit's flat gradient) / N, then every p.grad of the unit is None. Collective: dist.reduce_scatter_tensor (unit.flat_grad() builds its input)")
+        """Add the rank-average of the unit's gradients (None = zeros) to unit.shard.grad; free every full .grad."""
+        raise NotImplementedError("TODO 2.4: unit.shard.grad (None: from zero) += this rank's slice of (the sum over ranks of the unit's flat gradient, in the shard's dtype) / N; then every .grad of unit.params is None. Collective: dist.reduce_scatter_tensor (unit.flat_grad() builds its input)")
 
     def backward_done(self, unit: FlatParams) -> None:
         """The unit has all the gradients this backward pass will give it."""
         raise NotImplementedError('TODO 2.4: its gradients are reduced (reduce_gradients), its full parameters freed again, and it counts as done for this pass')
 
     def _post_accumulate_grad(self, unit: FlatParams) -> None:
-        """Hook: one parameter of `unit` has its gradient of this backward pass in .grad."""
+        """Hook: one full parameter of `unit` has its gradient of this backward pass in .grad."""
         raise NotImplementedError('TODO 2.4: call backward_done(unit) once every parameter of the unit has its gradient of this pass, and make sure _end_of_backward runs once when this backward pass ends (pointer: queue_callback, above)')
 
     def _end_of_backward(self) -> None:
         """Callback after the backward pass: finish the units some parameter of which got no gradient."""
         raise NotImplementedError('TODO 2.4: every unit not done in this pass is done now (in self.units order, the same on every rank); then reset the per-pass bookkeeping for the next backward')
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """The next backward accumulates from zero (the gradient shards stay allocated, zeroed)."""
-        for unit in self.units:
-            unit.grad_shard.zero_()
-            for p in unit.params:
-                p.grad = None
-
     @torch.no_grad()
-    def step(self) -> None:
-        self.step_count += 1
-        raise NotImplementedError("TODO 2.4: for every unit: adam_update on unit.shard with unit.grad_shard and the unit's state (self.step_count and the hyperparameters above); nothing to gather: the next forward does")
-
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """{name: full parameter}, a copy, sharded and frozen ones alike. Call it on every rank (it gathers)."""
-        result = {}
+        """{name: full parameter} as `model.named_parameters()` named them before wrapping, a copy, sharded (in
+        the shards' dtype), replicated and frozen ones alike. Call it on every rank (it gathers)."""
+        gathered = {}
         for unit in self.units:
             full = unit.shard.new_empty(unit.padded)
-            dist.all_gather_into_tensor(full, unit.shard)
-            for p, value in zip(unit.params, unit.split(full)):
-                result[self.names[p]] = value.clone()
-        return {name: result[name] if name in result else p.detach().clone()
-                for name, p in self.model.named_parameters()}
+            dist.all_gather_into_tensor(full, unit.shard.detach())
+            gathered.update(zip(unit.names, unit.split(full)))
+        return {name: (gathered[name] if name in gathered else p.detach()).clone() for name, p in self.named}
+
+
+def _replace_parameter(root: nn.Module, old: nn.Parameter, new: torch.Tensor) -> None:
+    """Wherever `old` is registered under `root`, it is unregistered and `new` set as a plain attribute."""
+    for module in root.modules():
+        for attr, value in list(module._parameters.items()):
+            if value is old:
+                del module._parameters[attr]
+                setattr(module, attr, new)
 
 
 STAGES = {0: DataParallelOptimizer, 1: ZeroStage1, 2: ZeroStage2, 3: ZeroStage3}
@@ -468,27 +552,28 @@ STAGES = {0: DataParallelOptimizer, 1: ZeroStage1, 2: ZeroStage2, 3: ZeroStage3}
 
 
 def layer_numels(model: nn.Module) -> list[int]:
-    """Trainable parameter counts of the children of `model` that have some: the units of stage 3."""
+    """Trainable parameter counts of the children of `model` that have some: the units of stage 3 (call it on the
+    model before wrapping it: ZeroStage3 replaces a unit's parameters by its shard)."""
     counts = [sum(p.numel() for p in child.parameters() if p.requires_grad) for child in model.children()]
     return [c for c in counts if c]
 
 
 def zero_state_bytes(stage: int, model: nn.Module, world_size: int, rank: int = 0,
                      element_size: int = 4) -> dict[str, int]:
-    """Bytes `rank` holds after step() (before zero_grad()) with Adam, for the classes above.
+    """Bytes `rank` holds after a step (before zero_grad()) with torch.optim.Adam, for the classes above.
 
     Keys 'params', 'grads', 'optimizer', 'total', the kinds of common.measure.training_memory:
-    'params' and 'grads' are the model's parameters and their .grad; 'optimizer' is what
-    the optimizer keeps besides (slices of parameters and gradients, Adam's state; for
-    stages 0-2 torch.optim.Adam's, with its `step`, a 4-byte scalar per tensor it steps).
-    Ψ counts the trainable parameters (frozen ones add their bytes to 'params' everywhere),
-    e = element_size, N = world_size:
+    'params' and 'grads' are the parameters of the model (stage 3: of the ZeroStage3 wrapping
+    it, i.e. this rank's shards) and their .grad; 'optimizer' is what the optimizer keeps
+    besides (stage 2's slices of parameters and gradients, Adam's state, with its `step`, a
+    4-byte scalar per tensor it steps). Ψ counts the trainable parameters (frozen ones add
+    their bytes to 'params' everywhere), e = element_size, N = world_size:
       stage 0 (DP):  eΨ params, eΨ grads, 2eΨ Adam                                    = 16Ψ
       stage 1:       eΨ params, eΨ grads, 2e x (the elements `rank` owns)              ~ 4Ψ + 4Ψ + 8Ψ/N
       stage 2:       each parameter padded to N*S_p, S_p = ceil(numel/N), S = sum of S_p:
                      eNS params, 0 grads, 3eS (grad slices + Adam)                      ~ 4Ψ + 12Ψ/N
-      stage 3:       each unit padded likewise, S3 = sum of its slices:
-                     0 params, 0 grads, 4eS3 (parameter and gradient slices + Adam)      ~ 16Ψ/N
+      stage 3:       each unit (layer_numels; all sharded) padded likewise, S3 = sum of its slices:
+                     eS3 params (the shards), eS3 grads, 2eS3 Adam                      ~ 16Ψ/N
     """
     numels = [p.numel() for p in model.parameters() if p.requires_grad]
     if stage not in STAGES or world_size < 1 or not 0 <= rank < world_size or not numels:
@@ -504,5 +589,7 @@ def zero_state_bytes(stage: int, model: nn.Module, world_size: int, rank: int = 
         s = sum(-(-k // n) for k in numels)
         params, grads, optim = e * n * s, 0, 3 * e * s + step * len(numels)
     else:
-        params, grads, optim = 0, 0, 4 * e * sum(-(-u // n) for u in layer_numels(model))
+        units = layer_numels(model)
+        s3 = sum(-(-u // n) for u in units)
+        params, grads, optim = e * s3, e * s3, 2 * e * s3 + step * len(units)
     return {"params": params, "grads": grads, "optimizer": optim, "total": params + grads + optim}

@@ -18,9 +18,9 @@ _reference_init = _reference.ZeroStage3.__init__
 
 
 class ZeroStage3(_reference.ZeroStage3):
-    def __init__(self, model, **adam_args):
+    def __init__(self, model, **options):
         saved, _reference.sharding_units = _reference.sharding_units, _units_without_check
         try:
-            _reference_init(self, model, **adam_args)
+            _reference_init(self, model, **options)
         finally:
             _reference.sharding_units = saved
