@@ -96,6 +96,19 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _module_states(modules: dict[str, torch.nn.Module] | None) -> dict[str, dict]:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return {name: get_model_state_dict(module) for name, module in (modules or {}).items()}
+
+
+def _load_module_states(modules: dict[str, torch.nn.Module] | None, state: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    for name, module in (modules or {}).items():
+        set_model_state_dict(module, state[name])
+
+
 def _sha256(path: Path) -> str:
     sha = hashlib.sha256()
     with open(path, "rb") as f:
@@ -130,9 +143,12 @@ class ShardedCheckpoints:
     # ------------------------------------------------------------ save
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None,
-             scaler=None, progress: dict | None = None, faults: FaultInjector | None = None) -> Path | None:
+             scaler=None, progress: dict | None = None, faults: FaultInjector | None = None,
+             modules: dict[str, torch.nn.Module] | None = None) -> Path | None:
         """Write the checkpoint of `step` (see the module docstring). Collective: every rank
         calls it at the same step. Returns the committed folder on rank 0, None elsewhere.
+        `modules`: more sharded models saved beside the model, each under its name (the
+        trainer's --model-ema average: "ema").
         A "save" fault of the injector fires on its rank as the writing begins: the other ranks'
         collectives then fail, and nothing is committed."""
         import torch.distributed.checkpoint as dcp
@@ -151,8 +167,8 @@ class ShardedCheckpoints:
         model_state, optim_state = get_state_dict(model, optimizer)
         if faults is not None:
             faults.point("save")  # a kill here: the others fail in dcp.save's collectives, nothing is committed
-        metadata = dcp.save({"model": model_state, "optimizer": optim_state},
-                            storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True))
+        state = {"model": model_state, "optimizer": optim_state, **_module_states(modules)}
+        metadata = dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True))
         if rank == 0:
             atomic_save({k: v for k, v in extra.items() if k not in ("model", "optimizer")}, tmp / EXTRA)
         _barrier()
@@ -211,11 +227,13 @@ class ShardedCheckpoints:
         return [p for share in _gather(problems) for p in share]
 
     def load_latest(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, scaler=None,
-                    map_location: Any = "cpu", set_aside: bool = True) -> dict | None:
+                    map_location: Any = "cpu", set_aside: bool = True,
+                    modules: dict[str, torch.nn.Module] | None = None) -> dict | None:
         """Load the newest checkpoint that verifies into model, optimizer, scheduler, scaler and
         this rank's RNG, resharded to this world; return its progress (None: no checkpoint,
         nothing changed). Collective. A folder that fails verification is set aside (renamed
-        on rank 0, one warning), or with set_aside=False only reported (read-only uses)."""
+        on rank 0, one warning), or with set_aside=False only reported (read-only uses).
+        `modules`: the models save() wrote beside the model, loaded too."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -226,9 +244,10 @@ class ShardedCheckpoints:
                 continue
             folder = self.path_for(step)
             model_state, optim_state = get_state_dict(model, optimizer)
-            state = {"model": model_state, "optimizer": optim_state}
+            state = {"model": model_state, "optimizer": optim_state, **_module_states(modules)}
             dcp.load(state, checkpoint_id=str(folder))
             set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+            _load_module_states(modules, state)
             extra = load_verified(folder / EXTRA, map_location=map_location)
             return restore_training_state({**extra, "model": {}, "optimizer": {}}, _NoState(), _NoState(),
                                           scheduler, scaler)

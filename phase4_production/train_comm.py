@@ -13,7 +13,7 @@ from phase4_production.compression import (CompressionState, PowerSGDState, TopK
                                                      sparsity_warmup, topk_hook)
 from phase4_production.config import TrainConfig
 from phase4_production.recovery import FaultInjector
-from phase4_production.train_step import weight_decay_of
+from phase4_production.train_step import weight_decays
 
 
 def register_comm_hook(ddp: DDP, cfg: TrainConfig, faults: FaultInjector,
@@ -36,8 +36,9 @@ def register_comm_hook(ddp: DDP, cfg: TrainConfig, faults: FaultInjector,
         state = TopKState(ratio=cfg.topk_ratio, start_iter=start)
         ddp.register_comm_hook(state, topk_hook)
     elif cfg.compression == "dgc":
+        decays = weight_decays(cfg, ddp.module)
         state = TopKState(ratio=cfg.topk_ratio, start_iter=start, momentum=cfg.momentum, nesterov=cfg.momentum > 0,
-                          weight_decay=lambda p: weight_decay_of(cfg, p))
+                          weight_decay=lambda p: decays[id(p)])
         ddp.register_comm_hook(state, topk_hook)
     elif any(f.phase == "allreduce" for f in faults.faults):
         ddp.register_comm_hook(None, faults.allreduce_hook)

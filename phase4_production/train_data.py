@@ -2,12 +2,18 @@
 
     ElasticSampler (4.3)      the epoch's order and position, the same at every world size
       -> RankBatches          this rank's share of each remaining global batch, as
-                              [(epoch, sample index), ...] lists (a DataLoader batch_sampler)
-      -> SeededSamples        item (epoch, i): dataset[i] with the torch RNG seeded by
-                              (seed, epoch, i), so a sample's random crop and flip do not
+                              [(epoch, sample index, copy), ...] lists (a DataLoader
+                              batch_sampler); with --ra-reps R each global batch holds
+                              ceil(B / R) samples of the order, R copies each (repeated
+                              augmentation); with --mixup-alpha/--cutmix-alpha each share
+                              is preceded by the sample before it in the global batch
+      -> SeededSamples        item (epoch, i, copy): dataset[i] with the torch RNG seeded by
+                              (seed, epoch, i, copy), so a sample's random crop and flip do not
                               depend on which worker loads it, how many workers there are,
                               or whether the run was restarted in between
-      -> DataLoader           worker processes, pinned memory, persistent workers
+      -> DataLoader           worker processes, pinned memory, persistent workers; uint8
+                              images for CIFAR-10 and ImageNet (train_augment.py), prepared
+                              on the device by train_loader.py
 
 Why seed each sample: DataLoader workers draw their seeds from the training process's RNG
 when an iterator starts; a resumed run starts its iterator at another moment than a run
@@ -17,14 +23,16 @@ run see exactly the images an uninterrupted run sees.
 
 from __future__ import annotations
 
+import math
 from typing import Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from common.data import DATASET_SHAPES, get_dataset
-from phase4_production.elastic import ElasticSampler
+from common.data import CIFAR10_MEAN, CIFAR10_STD, DATASET_SHAPES, IMAGENET_MEAN, IMAGENET_STD, get_dataset
+from phase4_production.elastic import ElasticSampler, rank_share
 from phase4_production.lifecycle import loader_worker_init
+from phase4_production import train_augment
 
 
 class SyntheticImages(Dataset):
@@ -42,32 +50,69 @@ class SyntheticImages(Dataset):
         return torch.randn(self.shape, generator=gen), int(torch.randint(self.num_classes, (), generator=gen))
 
 
-def build_datasets(dataset: str, data_root: str | None, image_size: int | None,
-                   synthetic_size: int) -> tuple[Dataset, Dataset, tuple[int, ...], int]:
-    """(train set, test set, input shape (C, H, W), number of classes). Missing files raise
-    FileNotFoundError with a one-line message saying where the data should be."""
+def crop_sizes(dataset: str, image_size: int | None, train_crop: int | None = None, val_resize: int | None = None,
+               val_crop: int | None = None) -> tuple[int, int, int]:
+    """(train crop, eval resize, eval crop) of ImageNet: --train-crop-size, --val-resize-size,
+    --val-crop-size, each defaulting as torchvision's reference does from --image-size (224):
+    the crops to it, the resize to 256/224 of the eval crop."""
+    side = image_size or DATASET_SHAPES[dataset][0][-1]
+    crop = val_crop or side
+    return train_crop or side, val_resize or int(crop * 256 / 224), crop
+
+
+def build_datasets(dataset: str, data_root: str | None, image_size: int | None, synthetic_size: int,
+                   train_crop: int | None = None, val_resize: int | None = None, val_crop: int | None = None,
+                   decode: str = "tensor", auto_augment: str = "none", random_erase: float = 0.0,
+                   ) -> tuple[Dataset, Dataset, tuple[int, ...], int]:
+    """(train set, test set, model input shape (C, H, W), number of classes). CIFAR-10 and
+    ImageNet items are uint8 images (train_augment.py; normalised on the device, see
+    input_stats), the others float. With random_erase > 0 training items carry their erasing
+    box: (x, y, box). Missing files raise FileNotFoundError with a one-line message saying
+    where the data should be."""
     shape, classes = DATASET_SHAPES[dataset]
     if dataset == "synthetic" and image_size:
-        return (SyntheticImages(synthetic_size, image_size, classes, seed=0),
-                SyntheticImages(max(synthetic_size // 4, 1), image_size, classes, seed=1), (3, image_size, image_size),
-                classes)
-    train_kw: dict = {"n": synthetic_size} if dataset == "synthetic" else {}
-    test_kw: dict = {}
-    if dataset in ("cifar10", "imagenet"):
-        train_kw["augment"] = True
-    if dataset == "imagenet" and image_size:
-        train_kw["image_size"] = test_kw["image_size"] = image_size
+        train_set, test_set = (SyntheticImages(synthetic_size, image_size, classes, seed=0),
+                               SyntheticImages(max(synthetic_size // 4, 1), image_size, classes, seed=1))
         shape = (3, image_size, image_size)
-    return (get_dataset(dataset, "train", data_root, **train_kw), get_dataset(dataset, "test", data_root, **test_kw),
-            shape, classes)
+    elif dataset == "imagenet":
+        crop, resize, test_crop = crop_sizes(dataset, image_size, train_crop, val_resize, val_crop)
+        train_set = train_augment.imagenet(data_root, True, crop, resize, decode, auto_augment)
+        test_set = train_augment.imagenet(data_root, False, test_crop, resize, decode)
+        shape = (3, image_size or shape[-1], image_size or shape[-1])
+    elif dataset == "cifar10":
+        train_set = train_augment.cifar10(data_root, True, auto_augment)
+        test_set = train_augment.cifar10(data_root, False)
+    else:
+        train_kw: dict = {"n": synthetic_size} if dataset == "synthetic" else {}
+        train_set, test_set = get_dataset(dataset, "train", data_root, **train_kw), get_dataset(dataset, "test",
+                                                                                                data_root)
+    if auto_augment != "none" and dataset not in ("imagenet", "cifar10"):
+        train_set = train_augment.Augmented(train_set, train_augment.auto_augment(auto_augment))
+    if random_erase > 0:
+        crop = crop_sizes(dataset, image_size, train_crop)[0] if decode == "cuda" else None
+        train_set = train_augment.Erasing(train_set, random_erase, crop)
+    return train_set, test_set, shape, classes
+
+
+def input_stats(dataset: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """(mean, std) the device normalises uint8 images with, per channel in [0, 1] units; None
+    for the float datasets (digits, synthetic), which are used as they are."""
+    return {"cifar10": (CIFAR10_MEAN, CIFAR10_STD), "imagenet": (IMAGENET_MEAN, IMAGENET_STD)}.get(dataset)
+
+
+def sample_seed(seed: int, epoch: int, index: int, copy: int = 0) -> int:
+    """The seed of sample `index`'s augmentation in `epoch` (copy c of it under --ra-reps)."""
+    value = ((seed * 1_000_003 + epoch) * 1_000_000_007 + index) % 2**63
+    return (value * 1_000_000_009 + copy) % 2**63 if copy else value
 
 
 class SeededSamples(Dataset):
-    """Items are (epoch, index) pairs: dataset[index] with torch's CPU generator (the one
-    torchvision's random transforms draw from) seeded by (seed, epoch, index) and put back
-    afterwards, so the caller's RNG streams are untouched. Only the CPU generator: the
-    `torch.manual_seed` of every CUDA device costs ~170 us a sample (each lazy per-device
-    seed records a stack trace) and, in a process that uses a GPU, would reset its stream."""
+    """Items are (epoch, index) or (epoch, index, copy) keys: dataset[index] with torch's CPU
+    generator (the one torchvision's random transforms draw from) seeded by sample_seed and
+    put back afterwards, so the caller's RNG streams are untouched. Only the CPU generator:
+    the `torch.manual_seed` of every CUDA device costs ~170 us a sample (each lazy
+    per-device seed records a stack trace) and, in a process that uses a GPU, would reset
+    its stream."""
 
     def __init__(self, dataset: Dataset, seed: int):
         self.dataset, self.seed = dataset, seed
@@ -75,29 +120,78 @@ class SeededSamples(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, key: tuple[int, int]):
-        epoch, index = key
+    def __getitem__(self, key: tuple[int, ...]):
+        epoch, index, *copy = key
         with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(((self.seed * 1_000_003 + epoch) * 1_000_000_007 + index) % 2**63)
+            torch.default_generator.manual_seed(sample_seed(self.seed, epoch, index, *copy))
             return self.dataset[index]
+
+
+def repeated_batch(order: list[int], step: int, global_batch: int, reps: int) -> list[tuple[int, int]]:
+    """Global batch `step` of an epoch's `order` under repeated augmentation, as (sample index,
+    copy) per position: ceil(B / reps) samples of the order (the step's slice of it), position
+    j holding copy j // u of sample j % u (u = ceil(B / reps)), so the copies of a sample lie
+    u positions apart and land on different ranks, as torchvision's RASampler spreads them.
+    reps = 1: the ElasticSampler's own global batch, each sample once (copy 0)."""
+    unique = math.ceil(global_batch / reps)
+    chosen = order[step * unique:(step + 1) * unique]
+    return [(chosen[j % unique], j // unique) for j in range(global_batch)]
 
 
 class RankBatches:
     """DataLoader batch_sampler: iterating it yields this rank's share of each global batch
-    of the sampler's CURRENT epoch not consumed yet, as [(epoch, index), ...]. The training
-    loop calls sampler.advance() after each optimizer step; the next iteration starts
-    where that left off (after a resume, at any world size)."""
+    of the sampler's CURRENT epoch not consumed yet, as [(epoch, index[, copy]), ...]. The
+    training loop calls sampler.advance() after each optimizer step; the next iteration
+    starts where that left off (after a resume, at any world size).
 
-    def __init__(self, sampler: ElasticSampler, rank: int, world_size: int):
+    The ElasticSampler's contract (order, position, rank_batches) is used as 4.3 defines it;
+    two options change only what this wrapper makes of a global batch:
+      reps > 1     repeated augmentation (repeated_batch): a step's global batch holds
+                   ceil(B / reps) samples of the order, reps copies each, each copy its own
+                   augmentation; steps per epoch do not change (each epoch sees about 1/reps
+                   of the samples, reps times each), and neither does the position's meaning
+      neighbour    each share begins with the sample just before it in the global batch (the
+                   last one for rank 0): batch mixing (train_loader.BatchMixing) pairs every
+                   sample with its predecessor in the GLOBAL batch, so the pairs are the same
+                   at every world size; the extra sample is dropped after mixing."""
+
+    def __init__(self, sampler: ElasticSampler, rank: int, world_size: int, reps: int = 1,
+                 neighbour: bool = False):
         self.sampler, self.rank, self.world_size = sampler, rank, world_size
+        self.reps, self.neighbour = reps, neighbour
 
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        epoch = self.sampler.epoch
-        for batch in self.sampler.rank_batches(self.rank, self.world_size):
-            yield [(epoch, i) for i in batch]
+    def __iter__(self) -> Iterator[list[tuple[int, ...]]]:
+        sampler, epoch = self.sampler, self.sampler.epoch
+        if self.reps == 1 and not self.neighbour:  # the plain path: 4.3's rank_batches
+            for batch in sampler.rank_batches(self.rank, self.world_size):
+                yield [(epoch, i) for i in batch]
+            return
+        share = rank_share(sampler.global_batch, self.world_size, self.rank)
+        order = sampler.order()
+        for step in range(sampler.consumed // sampler.global_batch, sampler.steps_per_epoch):
+            if self.reps > 1:
+                keys = [(epoch, i, c) for i, c in repeated_batch(order, step, sampler.global_batch, self.reps)]
+            else:
+                keys = [(epoch, i) for i in order[step * sampler.global_batch:(step + 1) * sampler.global_batch]]
+            yield ([keys[share.start - 1]] if self.neighbour else []) + keys[share]
 
     def __len__(self) -> int:
         return self.sampler.steps_per_epoch - self.sampler.consumed // self.sampler.global_batch
+
+
+def collate(batch: list):
+    """default_collate, except for samples that are file bytes for the GPU to decode (--decode
+    cuda): their "jpeg" entries stay a list (each file has its own length)."""
+    from torch.utils.data import default_collate
+
+    first = batch[0][0]
+    if isinstance(first, dict):
+        files = [sample[0]["jpeg"] for sample in batch]
+        rest = [({k: v for k, v in sample[0].items() if k != "jpeg"}, *sample[1:]) for sample in batch]
+        out = default_collate(rest)
+        out[0]["jpeg"] = files
+        return out
+    return default_collate(batch)
 
 
 def train_loader(dataset: Dataset, batches: RankBatches, seed: int, workers: int, pin_memory: bool) -> DataLoader:
@@ -105,7 +199,7 @@ def train_loader(dataset: Dataset, batches: RankBatches, seed: int, workers: int
     the workers' base seed from it, never from the global RNG a checkpoint restores. Its
     workers ignore stop signals and die with the rank (lifecycle.loader_worker_init)."""
     return DataLoader(SeededSamples(dataset, seed), batch_sampler=batches, num_workers=workers,
-                      pin_memory=pin_memory, persistent_workers=workers > 0,
+                      pin_memory=pin_memory, persistent_workers=workers > 0, collate_fn=collate,
                       generator=torch.Generator().manual_seed(seed), worker_init_fn=loader_worker_init)
 
 
@@ -119,4 +213,4 @@ def eval_loader(dataset: Dataset, rank: int, world_size: int, batch_size: int, w
     subset = torch.utils.data.Subset(dataset, list(part))
     return DataLoader(subset, batch_size=batch_size, num_workers=workers, pin_memory=pin_memory,
                       persistent_workers=workers > 0, generator=torch.Generator().manual_seed(0),
-                      worker_init_fn=loader_worker_init)
+                      collate_fn=collate, worker_init_fn=loader_worker_init)

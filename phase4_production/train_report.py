@@ -3,8 +3,10 @@
     RunReport(cfg, rank, ...)   on a terminal: a tqdm bar; in a log file (stdout/stderr not a
                                 terminal, as under SLURM or Kubernetes): one plain line every
                                 --log-every steps, never a carriage return
-      .step(...)                metrics.jsonl "train" records (+ TensorBoard train/...)
-      .epoch(record)            "eval" records: top-1, top-5, loss
+      .step(...)                metrics.jsonl "train" records (+ TensorBoard train/...), on the
+                                logged steps (the only ones whose loss and times are read)
+      .epoch(record)            "eval" records: top-1, top-5, loss; "eval_ema" records: the same
+                                for the --model-ema average
       .checkpoint(...)          "checkpoint" records: the loop's wait, the write's seconds, bytes
       .say(line)                a line that does not break the bar
 
@@ -54,18 +56,21 @@ class RunReport:
         else:
             print(line, flush=True)
 
-    def step(self, step: int, loss: float, lr: float, times: dict, report: dict | None) -> None:
+    def step(self, step: int, loss: float | None, lr: float, times: dict | None, report: dict | None) -> None:
+        """Every step: the bar moves, a straggler report is recorded; on a logged step (loss
+        and times given) also the "train" record and the plain log line."""
         if not self.active:
             return
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+            if loss is not None:
+                self.bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
         if report and report["stragglers"]:
             slow = ", ".join(f"rank {s['rank']} on {s['host']} ({s['score']:.2f}x median, {s['phase']})"
                              for s in report["stragglers"])
             self.write(step, event="straggler", stragglers=report["stragglers"], scores=report["scores"])
             self.say(f"straggler at step {step}: {slow}")
-        if step % self.every:
+        if loss is None or times is None:
             return
         per_rank = times["samples_per_s"]
         utilisation = mfu(per_rank, self.flops_per_sample, self.peak) if self.peak and self.flops_per_sample else None
@@ -84,10 +89,16 @@ class RunReport:
     def epoch(self, record: dict) -> None:
         if not self.active:
             return
-        self.write(record["step"], event="eval", **{k: v for k, v in record.items() if k != "step"})
+        self.write(record["step"], event="eval", **{k: v for k, v in record.items() if k not in ("step", "ema")})
         top5 = f" (top-5 {record['top5']:.2%})" if record.get("top5") is not None else ""
         self.say(f"epoch {record['epoch']}: test accuracy {record['accuracy']:.2%}{top5}, "
                  f"test loss {record['test_loss']:.3f}")
+        ema = record.get("ema")
+        if ema is not None:
+            self.write(record["step"], event="eval_ema", epoch=record["epoch"], **ema)
+            top5 = f" (top-5 {ema['top5']:.2%})" if ema.get("top5") is not None else ""
+            self.say(f"epoch {record['epoch']}: EMA test accuracy {ema['accuracy']:.2%}{top5}, "
+                     f"test loss {ema['test_loss']:.3f}")
 
     def checkpoint(self, step: int, seconds: float, size: int, write_seconds: float | None = None) -> None:
         """seconds: what the training loop waited for the save; write_seconds: the write itself

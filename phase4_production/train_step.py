@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -60,21 +61,64 @@ def peak_lr(cfg: TrainConfig) -> float:
     return cfg.lr * (math.sqrt(ratio) if cfg.optimizer == "adamw" else ratio)
 
 
-def weight_decay_of(cfg: TrainConfig, param: torch.Tensor) -> float:
-    """make_optimizer's rule: --weight-decay on weights, none on biases and normalisation
-    weights (1-D parameters)."""
-    return cfg.weight_decay if param.ndim > 1 else 0.0
+# ViT's learned embeddings (torchvision's VisionTransformer: class_token, encoder.pos_embedding);
+# torchvision's --transformer-embedding-decay names class_token, position_embedding and
+# relative_position_bias_table (references/classification/train.py), which misses ViT's
+# pos_embedding: this trainer takes both of ViT's.
+EMBEDDINGS = ("class_token", "pos_embedding", "position_embedding", "relative_position_bias_table")
+_NORMS = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm, nn.modules.instancenorm._InstanceNorm,
+          nn.LocalResponseNorm)  # torchvision's set_weight_decay's norm_classes
+
+
+def parameter_groups(cfg: TrainConfig, model: nn.Module) -> list[tuple[str, float, list[torch.Tensor]]]:
+    """The model's parameters in weight-decay groups, (name, decay, params), empty ones left
+    out, in this order (a parameter falls in the first that takes it):
+        embeddings   ViT's class_token and pos_embedding: --transformer-embedding-decay
+                     (default: --weight-decay, as any weight)
+        norms        parameters of normalisation layers (BatchNorm, LayerNorm, GroupNorm, ...),
+                     bias included: --norm-weight-decay (default 0)
+        biases       the other 1-D parameters (Linear and conv biases, attention's
+                     in_proj_bias): --bias-weight-decay (default 0)
+        weights      the rest: --weight-decay
+    With the defaults every 1-D parameter gets none and every other one --weight-decay, the
+    rule of earlier versions. torchvision (set_weight_decay) differs in two places: a norm
+    layer's bias is a bias there when --bias-weight-decay is given, and only a parameter named
+    exactly "bias" counts (ViT's in_proj_bias is decayed as a weight)."""
+    norm_params = {id(p) for m in model.modules() if isinstance(m, _NORMS) for p in m.parameters(recurse=False)}
+    groups: dict[str, list[torch.Tensor]] = {"weights": [], "norms": [], "biases": [], "embeddings": []}
+    for name, p in model.named_parameters():
+        if name.rsplit(".", 1)[-1] in EMBEDDINGS:
+            groups["embeddings"].append(p)
+        elif id(p) in norm_params:
+            groups["norms"].append(p)
+        elif p.ndim <= 1:
+            groups["biases"].append(p)
+        else:
+            groups["weights"].append(p)
+    embedding = cfg.weight_decay if cfg.transformer_embedding_decay is None else cfg.transformer_embedding_decay
+    decays = {"weights": cfg.weight_decay, "norms": cfg.norm_weight_decay, "biases": cfg.bias_weight_decay,
+              "embeddings": embedding}
+    return [(name, decays[name], params) for name, params in groups.items() if params]
+
+
+def weight_decays(cfg: TrainConfig, model: nn.Module) -> dict[int, float]:
+    """{id(parameter): its weight decay} (parameter_groups), for --compression dgc's hook."""
+    return {id(p): decay for _, decay, params in parameter_groups(cfg, model) for p in params}
 
 
 def make_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
-    """SGD (nesterov) or AdamW at peak_lr(cfg); no weight decay on biases and normalisation
-    weights (1-D parameters). With --compression dgc the comm hook carries SGD's momentum and
-    weight decay (4.4, DGC's momentum correction): the SGD here has neither, .grad is the update."""
+    """SGD (nesterov) or AdamW at peak_lr(cfg), one param group per weight decay that
+    parameter_groups gives: --weight-decay's group first, each group's parameters in the
+    model's order. With the defaults that is the two groups of earlier versions (ndim > 1
+    decayed, the rest not), so their checkpoints still resume. With --compression dgc the
+    comm hook carries SGD's momentum and weight decay (4.4, DGC's momentum correction): the
+    SGD here has neither, .grad is the update."""
     dgc = cfg.compression == "dgc"
-    decay = [p for p in model.parameters() if p.ndim > 1]
-    no_decay = [p for p in model.parameters() if p.ndim <= 1]
-    groups = [{"params": decay, "weight_decay": 0.0 if dgc else cfg.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    decay_of = weight_decays(cfg, model)
+    values = list(dict.fromkeys([cfg.weight_decay, *(decay_of[id(p)] for p in model.parameters())]))
+    groups = [{"params": [p for p in model.parameters() if decay_of[id(p)] == value],
+               "weight_decay": 0.0 if dgc else value} for value in values]
+    groups = [group for group in groups if group["params"]]
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(groups, lr=peak_lr(cfg))
     if dgc:
@@ -103,6 +147,7 @@ class StepParts:
     grad_clip: float = 0.0                # max gradient norm, 0: no clipping
     compression: CompressionState | None = None  # the comm hook's state (4.4)
     sync_points: "SyncPoints | None" = None  # splits DDP's forward and backward into work and waiting
+    mix: "Callable | None" = None         # batch mixing (train_loader.BatchMixing): (x, y, step) -> (x, y)
 
 
 class SyncPoints:
@@ -147,17 +192,19 @@ def _forward(parts: StepParts, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor
         return parts.loss_fn(parts.net(x), y)
 
 
-def train_step(parts: StepParts, batch, timer: StepTimer, faults: FaultInjector) -> float:
-    """One optimizer step over this rank's share of a global batch, in plan.accumulation
-    passes (DDP's all-reduce runs in the last backward only); returns this rank's mean loss.
-    A step the loss scaler skips (inf/NaN gradients) also empties the compression memory,
-    which would otherwise carry the inf into every later step. Under fsdp the fault point
+def train_step(parts: StepParts, batch, timer: StepTimer, faults: FaultInjector, step: int = 0) -> torch.Tensor:
+    """One optimizer step (global step `step`, 0-based) over this rank's share of a global
+    batch, in plan.accumulation passes (DDP's all-reduce runs in the last backward only);
+    returns this rank's mean loss as a 0-d tensor on the device (reading it is the caller's
+    choice: it waits for the device). The batch is mixed first (parts.mix), if asked. A step
+    the loss scaler skips (inf/NaN gradients) also empties the compression memory, which
+    would otherwise carry the inf into every later step. Under fsdp the fault point
     "allreduce" fires as the last backward (the one that reduce-scatters) begins."""
-    x, y = batch
-    x = x.to(parts.device, non_blocking=True,
-             memory_format=torch.channels_last if parts.channels_last else torch.preserve_format)
-    y = y.to(parts.device, non_blocking=True)
-    total = 0.0
+    x, y = batch[0].to(parts.device, non_blocking=True), batch[1].to(parts.device, non_blocking=True)
+    if parts.mix is not None:
+        x, y = parts.mix(x, y, step)
+    x = x.to(memory_format=torch.channels_last if parts.channels_last else torch.preserve_format)
+    total = torch.zeros((), device=parts.device)
     slices = parts.plan.micro_slices(parts.rank)
     share = parts.plan.shares[parts.rank]
     if parts.parallel.kind == "fsdp":
@@ -191,10 +238,11 @@ def train_step(parts: StepParts, batch, timer: StepTimer, faults: FaultInjector)
         if parts.grad_clip > 0:
             scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(parts.parallel.module.parameters(), parts.grad_clip)
-        scale = scaler.get_scale()  # 1.0 when disabled
+        watch = parts.compression is not None and scaler.is_enabled()  # get_scale() reads the device
+        scale = scaler.get_scale() if watch else None
         scaler.step(optimizer)
         scaler.update()  # the scale shrinks exactly when the gradients were not finite
         optimizer.zero_grad(set_to_none=True)
-        if parts.compression is not None and scaler.get_scale() < scale:
+        if watch and scaler.get_scale() < scale:
             parts.compression.reset_memory()
-    return float(total)
+    return total

@@ -87,11 +87,23 @@ def pytest_generate_tests(metafunc):
 
 
 def pytest_collection_modifyitems(config, items):
+    _skip_the_gpu_suite_unless_asked(config, items)
     if not _controls(config):
         return
     keep = [item for item in items if _control(item) is not None]
     config.hook.pytest_deselected(items=[item for item in items if _control(item) is None])
     items[:] = keep
+
+
+def _skip_the_gpu_suite_unless_asked(config, items) -> None:
+    """Tests marked `gpu` (tests/test_gpu.py) run with `pytest -m gpu` only: a plain `pytest`,
+    CI's included, skips them even on a machine that has a GPU."""
+    if "gpu" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="the GPU suite runs with `pytest -m gpu` only (never in CI)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
 
 
 def _control(item) -> dict | None:

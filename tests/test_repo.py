@@ -201,6 +201,7 @@ BENCHMARK_SMOKE_COMMANDS = {
     "activation_memory": ["benchmarks/activation_memory.py", "--blocks", "8", "--width", "32", "--batch", "4",
                           "--segments", "1", "2", "4", "--iters", "1", "--repeats", "1"],
     "zero_memory": ["benchmarks/zero_memory.py", "--worlds", "2", "--width", "32", "--layers", "2"],
+    "fsdp_memory": ["benchmarks/fsdp_memory.py", "--width", "32", "--layers", "2", "--steps", "1"],
     "pipeline_bubble": ["benchmarks/pipeline_bubble.py", "--nproc", "2", "--microbatches", "1,2", "--width", "16",
                         "--repeats", "1"],
     "loss_scaling": ["benchmarks/loss_scaling.py", "--depth", "6", "--width", "32", "--batch", "64", "--scales", "0",
@@ -220,6 +221,7 @@ BENCHMARK_SMOKE_COMMANDS = {
                      "2", "--", "--model", "cnn"],
     "trainer_overhead": ["benchmarks/trainer_overhead.py", "--cases", "digits", "--steps", "4", "--warmup", "2",
                          "--repeats", "1"],
+    "loader_bench": ["benchmarks/loader_bench.py", "--images", "16", "--batch", "8", "--batches", "2", "--rounds", "1"],
 }
 
 
@@ -228,3 +230,10 @@ def test_benchmarks_run(name):
     proc = _run([sys.executable, *BENCHMARK_SMOKE_COMMANDS[name]], timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip(), "a benchmark must print its table"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="on a GPU machine the report runs (pytest -m gpu)")
+def test_the_gpu_report_refuses_in_one_line_without_a_gpu():
+    proc = _run([sys.executable, "benchmarks/gpu_report.py", "--json", os.devnull])
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "no CUDA GPU" in lines[0], proc.stderr[-2000:]

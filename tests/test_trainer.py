@@ -604,6 +604,11 @@ BAD_VALUES = {
     "pg_init_timeout": ["-1", "inf"], "evaluate": ["maybe"], "sync_bn": ["maybe"],
     "init_from": ["/no/such/file", "FILE/below"], "stop_check_every": ["0"], "parallel": ["zero3"],
     "reshard_after_forward": ["maybe"], "cpu_offload": ["maybe"], "export": ["FILE/below", "/no/such/folder/w.pt"],
+    "decode": ["gpu"], "train_crop_size": ["4", "abc", "176"], "val_resize_size": ["0", "232"],
+    "val_crop_size": ["-1", "224"], "auto_augment": ["autoaugment"], "random_erase": ["1.5", "nan"],
+    "mixup_alpha": ["-0.1", "inf"], "cutmix_alpha": ["nan"], "ra_reps": ["0", "65"], "model_ema": ["maybe"],
+    "model_ema_steps": ["0"], "model_ema_decay": ["1.5", "nan"], "norm_weight_decay": ["-1"],
+    "bias_weight_decay": ["inf"], "transformer_embedding_decay": ["nan", "2"], "benchmark_loader": ["0"],
 }
 
 
@@ -668,6 +673,20 @@ def test_trainer_rejects_more_ranks_than_the_global_batch_has_samples(tmp_path):
                     "--global-batch")
 
 
+def test_weight_decay_groups_that_change_mid_run_are_refused_in_one_line(tmp_path):
+    """The optimizer holds one param group per weight decay: with the defaults the two of
+    earlier versions (more than one dimension: --weight-decay; the rest: none), so their
+    checkpoints resume; a run resumed with a new --norm-weight-decay would need three, and
+    is refused in one line that names the way out."""
+    assert launch(tmp_path, "--max-steps", "3").returncode == 0
+    path = tmp_path / "checkpoints" / "step_000000003.pt"
+    groups = load_verified(path)["optimizer"]["param_groups"]
+    assert [g["weight_decay"] for g in groups] == [5e-4, 0.0], groups
+    _one_line_error(launch(tmp_path, "--norm-weight-decay", "0.01", "--apply-changes"), "other parameter groups",
+                    "--norm-weight-decay", "--init-from")
+    assert launch(tmp_path / "fresh", "--init-from", str(path), "--max-steps", "1").returncode == 0
+
+
 def test_trainer_refuses_checkpoints_of_another_model_and_keeps_them(tmp_path):
     first = launch(tmp_path, "--model", "mlp", "--max-steps", "3")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -675,6 +694,101 @@ def test_trainer_refuses_checkpoints_of_another_model_and_keeps_them(tmp_path):
     _one_line_error(launch(tmp_path), "not of this run", "--output-dir")
     after = {p.name: p.read_bytes() for p in (tmp_path / "checkpoints").iterdir()}
     assert after == before, "a refused run changed the checkpoints it refused"
+
+
+# ---------------------------------------------------------------- regularisers, input pipeline
+
+# Every regulariser on: MixUp and CutMix, RandAugment, random erasing, repeated augmentation,
+# the EMA of the weights (updated every 2 steps), label smoothing; loader workers.
+ALL_REGULARISERS = ["--mixup-alpha", "0.2", "--cutmix-alpha", "1.0", "--auto-augment", "ra", "--random-erase", "0.25",
+                    "--ra-reps", "2", "--model-ema", "--model-ema-steps", "2", "--label-smoothing", "0.1",
+                    "--workers", "1"]
+EMA_LINE = re.compile(r"^EMA weights \(--model-ema\): test accuracy \d+\.\d+%.*$", re.M)
+
+
+def regularised_reference(base: Path) -> str:
+    """The uninterrupted run with every regulariser on (its output)."""
+    def make():
+        proc = launch(base / "regularised", *ALL_REGULARISERS)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout
+    return cached("regularised", make)
+
+
+def test_a_run_with_every_regulariser_on_resumes_bit_identically(base, tmp_path):
+    """Every random draw (MixUp/CutMix choice, lambda and box; RandAugment's ops; the erasing
+    boxes; the repeated copies' augmentation) is a function of (seed, epoch, step or sample):
+    stopped at step 8 and resumed, the run ends on the same weights and the same EMA."""
+    whole = regularised_reference(base)
+    assert fingerprint_of(whole) != reference(base), "the regularisers changed nothing"
+    first = launch(tmp_path, *ALL_REGULARISERS, "--max-steps", "8")
+    assert first.returncode == 0, first.stderr[-3000:]
+    rest = launch(tmp_path, *ALL_REGULARISERS)
+    assert "resuming at step 8 of 22" in rest.stdout, rest.stdout + rest.stderr[-3000:]
+    assert fingerprint_of(rest.stdout) == fingerprint_of(whole), "the resumed run trained on other data"
+    assert EMA_LINE.search(whole) and EMA_LINE.search(rest.stdout).group(0) == EMA_LINE.search(whole).group(0), \
+        "the EMA was not resumed with the run"
+    records = [json.loads(line) for line in (base / "regularised" / "metrics.jsonl").read_text().splitlines()]
+    ema = [r for r in records if r["event"] == "eval_ema"]
+    assert [r["step"] for r in ema] == [STEPS] and 0 <= ema[0]["accuracy"] <= 1, ema
+    assert "epoch 0: EMA test accuracy" in whole, whole[-2000:]
+
+
+def test_a_regularised_run_resumes_at_another_world_size(base, tmp_path):
+    """Batch mixing pairs each sample with its predecessor in the global batch, whatever the
+    shares: 2 ranks, then 3, then 1, the run finishes (and the mixed pairs stay the same)."""
+    for nproc, steps in ((2, "5"), (3, "10")):
+        proc = launch(tmp_path, *ALL_REGULARISERS, "--max-steps", steps, nproc=nproc)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    last = launch(tmp_path, *ALL_REGULARISERS, nproc=1)
+    assert "rank 0 of 1 on cpu, attempt 0: resuming at step 10 of 22" in last.stdout, last.stdout + last.stderr[-2000:]
+    assert EMA_LINE.search(last.stdout), last.stdout
+
+
+def test_imagenet_with_uint8_workers_and_regularisers_resumes_bit_identically(tmp_path):
+    """ImageNet layout (JPEG files), --decode tensor and pil, loader workers: a run stopped
+    after 3 steps and resumed ends on the weights of one never stopped (CPU)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_trainer_pipeline import _folder
+
+    root = _folder(tmp_path / "data", n=4)
+    flags = ["--dataset", "imagenet", "--data-root", str(root), "--model", "resnet18", "--image-size", "32",
+             "--train-crop-size", "24", "--val-resize-size", "40", "--global-batch", "4", "--epochs", "2",
+             "--workers", "2", "--mixup-alpha", "0.2", "--cutmix-alpha", "1.0", "--auto-augment", "ta_wide",
+             "--random-erase", "0.5", "--model-ema", "--model-ema-steps", "1"]
+    for decode in ("tensor", "pil"):
+        whole = launch(tmp_path / f"whole-{decode}", *flags, "--decode", decode)
+        assert whole.returncode == 0, whole.stderr[-3000:]
+        assert launch(tmp_path / f"part-{decode}", *flags, "--decode", decode, "--max-steps", "3").returncode == 0
+        rest = launch(tmp_path / f"part-{decode}", *flags, "--decode", decode)
+        assert "resuming at step 3 of 4" in rest.stdout, rest.stdout + rest.stderr[-3000:]
+        assert fingerprint_of(rest.stdout) == fingerprint_of(whole.stdout), f"--decode {decode}: the resumed run differs"
+
+
+def test_benchmark_loader_runs_only_the_input_pipeline(tmp_path):
+    proc = launch(tmp_path / "bench", "--benchmark-loader", "4", "--workers", "1", *ALL_REGULARISERS[:8])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"^loader: \d+ images/s on rank 0 \(\d+ in all on 2 ranks\), 4 steps of 33 images per rank",
+                     proc.stdout, re.M), proc.stdout
+    assert not (tmp_path / "bench").exists(), "--benchmark-loader wrote in the output folder"
+
+
+@pytest.mark.parametrize("flags, needles", [
+    (["--decode", "cuda", "--dataset", "imagenet", "--data-root", "/tmp", "--device", "cpu"],
+     ["--decode cuda", "--decode tensor"]),
+    (["--train-crop-size", "24"], ["--train-crop-size", "--dataset imagenet"]),
+    (["--dataset", "imagenet", "--data-root", "/tmp", "--model", "vit_b_16", "--val-crop-size", "192"],
+     ["--val-crop-size 192", "--image-size"]),
+    (["--ra-reps", "65"], ["--ra-reps 65", "--global-batch"]),
+    (["--benchmark-loader", "3", "--evaluate"], ["--evaluate", "--benchmark-loader"]),
+])
+def test_input_options_that_cannot_apply_are_refused_in_one_line(capsys, monkeypatch, tmp_path, flags, needles):
+    from solutions.phase4_production.train import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main([*flags, "--output-dir", str(tmp_path / "out")])
+    _one_line_error(subprocess.CompletedProcess([], exit_.value.code, "", capsys.readouterr().err), *needles)
 
 
 # ---------------------------------------------------------------- real data formats, worker processes

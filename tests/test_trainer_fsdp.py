@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_trainer import STEPS, _one_line_error, cached, fingerprint_of, launch, torchrun
+from test_trainer import (ALL_REGULARISERS, EMA_LINE, STEPS, _one_line_error, cached, fingerprint_of, launch,
+                          regularised_reference, torchrun)
 
 FSDP = ("--parallel", "fsdp")
 ACCURACY = re.compile(r"test accuracy (\d+\.\d+)% after 1 epochs on (\d) ranks")
@@ -84,6 +85,18 @@ def test_an_fsdp_run_of_2_ranks_resumes_on_another_world_size(base, tmp_path, wo
     assert found and int(found.group(2)) == world, rest.stdout
     assert abs(float(found.group(1)) - float(whole.group(1))) <= 3.0, \
         f"resharded to {world} rank(s): {found.group(0)}; never resized: {whole.group(0)}"
+
+
+def test_fsdp_with_every_regulariser_and_its_sharded_ema_resumes_to_the_weights_of_ddp(base, tmp_path):
+    """The EMA of a sharded model is the per-shard EMA of its DTensors, saved by every rank
+    through DCP beside the model: killed at step 8 (torchrun restarts it) and resumed, the run
+    ends on the ddp run's weights and EMA (2 ranks: the same sums, bit for bit)."""
+    output, code = torchrun(tmp_path, *FSDP, *ALL_REGULARISERS, faults="rank=1,step=8,phase=backward", restarts=1)
+    assert code == 0, output[-4000:]
+    assert "attempt 1: resuming at step 6 of 22" in output, output[-4000:]
+    ddp = regularised_reference(base)
+    assert fingerprint_of(output) == fingerprint_of(ddp), "fsdp with the regularisers ended on other weights"
+    assert EMA_LINE.search(output).group(0) == EMA_LINE.search(ddp).group(0), "the sharded EMA differs from ddp's"
 
 
 def test_the_other_parallels_checkpoints_are_refused_in_one_line(tmp_path):

@@ -42,11 +42,13 @@ test, or the run stops. A mutant stops running tests at its first failure. Verdi
                 world deadline, or a rank that died in the mutant's own code, e.g. torch
                 aborting on a call the mutant made)
     timed out   a test ran past this tool's own limit outside any world (an endless loop in
-                the test process: max(--test-timeout, 10 x the test's time on the original));
-                it counts as detected, as in other mutation tools
+                the test process: max(--test-timeout, 10 x the test's time on the original)),
+                or ran out of memory (--memory-gb: an endless loop that allocates); it counts
+                as detected, as in other mutation tools
     survived    every graded test passed
     harness     no verdict (a rank died elsewhere without reporting, or a world could not
-                start in time): run again once, then listed apart and left out of the score
+                start in time): run again once, then listed apart and left out of the score.
+                A session that dies between tests runs again from the mutant it was on.
 
     score = (killed + timed out) / (mutants - equivalent - harness)
 
@@ -589,14 +591,35 @@ def run_session(test_file: Path, controls: list[dict], args) -> dict[str, list[d
                 results.setdefault(current, []).append(
                     {**in_flight, "event": "result", "test": in_flight["nodeid"].split("::")[-1].split("[")[0],
                      "control": current, "outcome": "timeout" if stalled else "error", "message": why})
+            died = stalled or proc.returncode not in (0, 1)
             if not any(e["event"] == "result" for e in events) and not in_flight:
-                raise SystemExit(f"pytest ran no mutant test (exit {proc.returncode}):\n{log.read_text()[-4000:]}")
+                if not died or not remaining:
+                    raise SystemExit(f"pytest ran no mutant test (exit {proc.returncode}):\n{log.read_text()[-4000:]}")
+                # died before any result (e.g. out of memory while collecting): the first one takes the blame
+                results[remaining[0]["name"]] = [{"event": "result", "control": remaining[0]["name"], "test": "?",
+                                                  "nodeid": "?", "outcome": "error",
+                                                  "message": f"the pytest session died (exit {proc.returncode}) "
+                                                             "before any result"}]
             left: list[dict] = []
-            if in_flight and (stalled or proc.returncode not in (0, 1)):
+            names = [c["name"] for c in remaining]
+            if died and in_flight:
                 # the controls run one after the other: those after the one it died on never started
-                names = [c["name"] for c in remaining]
                 current = _control_name(in_flight["nodeid"], remaining)
                 left = remaining[names.index(current) + 1:] if current in names else []
+            elif died:
+                # died between two tests (e.g. in pytest's own reporting, out of memory): the control of the last
+                # test that started may be unfinished, so it runs again with all those after it
+                started = [e for e in events if e["event"] == "start"]
+                current = _control_name(started[-1]["nodeid"], remaining) if started else "?"
+                at = names.index(current) if current in names else 0
+                if at > 0:  # progress was made: run it again from its first test, with all those after it
+                    results.pop(current, None)
+                    left = remaining[at:]
+                else:  # the first control of this session: a failure it had stands, else no verdict
+                    results.setdefault(remaining[0]["name"], []).append(
+                        {"event": "result", "control": remaining[0]["name"], "test": "?", "nodeid": "?",
+                         "outcome": "error", "message": f"the pytest session died (exit {proc.returncode}) after it"})
+                    left = remaining[1:]
             for c in remaining:
                 if c not in left and c["name"] not in results:  # it should have run, but did not
                     results[c["name"]] = [{"event": "result", "control": c["name"], "test": "?", "nodeid": "?",
@@ -711,7 +734,8 @@ def score(rows: list[dict]) -> dict:
     """Counts by verdict and the score, (killed + timed out) / (mutants - equivalent - harness)."""
     count = {k: sum(r["verdict"] == k for r in rows) for k in ("killed", "timed out", "survived", "harness",
                                                                 "equivalent")}
-    count["deadlocks"] = sum(r["verdict"] == "killed" and "deadlock" in r["why"] for r in rows)
+    count["deadlocks"] = sum(r["verdict"] == "killed" and "deadlock, ended by the world deadline" in r["why"]
+                             for r in rows)
     scored = len(rows) - count["equivalent"] - count["harness"]
     detected = count["killed"] + count["timed out"]
     count["score"] = f"{detected}/{scored} = {100 * detected / scored:.1f}%" if scored else "n/a"
@@ -801,10 +825,15 @@ def pytest_runtest_call(item):
     previous = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, limit)
     try:
-        yield
+        outcome = yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+    if isinstance(outcome.exception, MemoryError):
+        # an endless loop that allocates (a grid that grows forever): detected, like one that only
+        # spins; replaced at once, so that its frames (and the memory they hold) are freed before
+        # pytest formats anything
+        outcome.force_exception(MutantTimeout("ran out of memory (--memory-gb): an endless loop that allocates?"))
 
 
 def _outcome(exc: BaseException | None, mutant_path: str) -> str:

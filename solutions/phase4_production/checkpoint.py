@@ -75,8 +75,9 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 def capture_rng() -> dict[str, Any]:
     """This process's RNG states as plain data: python, numpy, torch CPU, and the current
-    CUDA device when there is one. Nothing in it is a numpy object (torch.load with
-    weights_only=True accepts it)."""
+    CUDA device's once CUDA is initialised in this process (one that never used CUDA has
+    drawn nothing from it). Nothing in it is a numpy object (torch.load with weights_only=True
+    accepts it)."""
     # EXERCISE 4.1: the state of every generator a training step draws from (python, numpy, torch, CUDA), as tensors and plain values; see np.random.get_state
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
@@ -144,8 +145,10 @@ def restore_training_state(state: dict, model, optimizer, scheduler=None, scaler
     """Load `state` (from training_state) into the given objects and this rank's RNG; returns
     the progress dict. `model` may be bare or wrapped (DDP, `.module`): the state goes into
     the module inside. At another world size than the one saved, the ranks' RNG streams
-    cannot continue bit-exactly: each rank then seeds its generators (python, numpy, torch)
-    from (step, rank) alone, and rank 0 warns once (CheckpointWarning)."""
+    cannot continue bit-exactly: each rank then seeds its generators (python, numpy, torch;
+    torch.manual_seed seeds every CUDA device too) from (progress["step"], rank) alone (a
+    progress without "step" counts as step 0), never from a saved stream handed round, and
+    rank 0 warns once (CheckpointWarning)."""
     # EXERCISE 4.1: the inverse of training_state; this rank's RNG entry, never rank 0's for everyone
     rank, world = _rank_and_world()
     unwrap(model).load_state_dict(state["model"])
@@ -330,12 +333,15 @@ class CheckpointManager:
         return [(int(m.group(1)), p) for p in self.folder.iterdir() if (m := _NAME.match(p.name))]
 
     def save(self, step: int, state: dict) -> Path | None:
-        """Write `state` as the checkpoint of `step` (rank 0 only); prune to the last `keep`.
-        Returns the file's path on the writer, None on the other ranks. Not collective: the
-        other ranks return at once, so a reader on another rank must wait for the writer
-        (a barrier) before load_latest. A save that fails raises, and leaves every existing
-        checkpoint (one of the same step included) as it was. The folder (and any missing
-        parent) is created when needed, each new folder's entry fsynced in its parent."""
+        """Write `state` as the checkpoint of `step` (rank 0 only); prune to the last `keep`
+        (checkpoint files only: steps(); a step older than the newest `keep` is written and
+        pruned at once). Returns the file's path on the writer, None on the other ranks. Not
+        collective: the other ranks return at once, so a reader on another rank must wait for
+        the writer (a barrier) before load_latest. A save that fails raises, and leaves every
+        existing checkpoint (one of the same step included) as it was. The folder (and any
+        missing parent) is created when needed, each new folder's entry fsynced in its
+        parent. Temporary files that killed writers left behind are removed (one writer per
+        folder, one save at a time: any other temporary file is stale)."""
         # EXERCISE 4.1: rank 0 alone writes (atomic_save) into its folder, made durably when new (_make_folder), and then removes all but the newest `keep`
         rank, _ = _rank_and_world()
         if rank != 0:
@@ -345,15 +351,15 @@ class CheckpointManager:
         atomic_save(state, path)
         for old in self.steps()[:-self.keep]:
             self.path_for(old).unlink(missing_ok=True)
-        for stale in self.folder.glob(".step_*.tmp*"):  # left by a writer that was killed
-            if not stale.name.endswith(f".tmp{os.getpid()}"):
-                stale.unlink(missing_ok=True)
+        for stale in self.folder.glob(".step_*.tmp*"):  # ours is renamed already: these are a killed writer's
+            stale.unlink(missing_ok=True)
         return path
         # END EXERCISE
 
     def load_latest(self, map_location: Any = "cpu") -> tuple[int, dict] | None:
         """(step, state) of the newest checkpoint that verifies, or None if there is none.
-        A corrupt one is skipped with one CheckpointWarning naming the file."""
+        A corrupt one, or one removed since the folder was listed, is skipped with one
+        CheckpointWarning naming the file."""
         # EXERCISE 4.1: newest first; a file that fails load_verified gets one CheckpointWarning and the next older is tried
         for step in reversed(self.steps()):
             try:

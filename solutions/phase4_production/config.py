@@ -41,9 +41,31 @@ class TrainConfig:
     # data
     dataset: str = _opt("digits", "dataset to train on", choices=sorted(DATASET_SHAPES))
     data_root: str | None = _opt(None, "folder holding CIFAR-10 or ImageNet (see data/README.md)")
-    image_size: int | None = _opt(None, "ImageNet crop side in pixels (None: 224)")
+    image_size: int | None = _opt(None, "ImageNet: the model's input side in pixels (ViT's size) and the default of "
+                                        "--train-crop-size and --val-crop-size (None: 224)")
     synthetic_size: int = _opt(4096, "samples of the synthetic training set")
     workers: int = _opt(0, "DataLoader worker processes per rank (0: load in the training process, right for in-memory digits)")
+    decode: str = _opt("tensor", "ImageNet: how the loader workers decode and crop: tensor (torchvision.io.decode_image "
+                                 "on the file's bytes, transforms.v2 on uint8 tensors), pil (PIL, the pipeline of "
+                                 "earlier versions) or cuda (the GPU decodes each batch with nvjpeg; GPUs only); "
+                                 "the same augmentation either way", choices=("tensor", "pil", "cuda"))
+    train_crop_size: int | None = _opt(None, "ImageNet: side of the training crop, RandomResizedCrop (torchvision's "
+                                             "--train-crop-size; None: --image-size)")
+    val_resize_size: int | None = _opt(None, "ImageNet: evaluation images are resized to this shorter side, then "
+                                             "center-cropped (torchvision's --val-resize-size; None: 256/224 of the "
+                                             "crop)")
+    val_crop_size: int | None = _opt(None, "ImageNet: side of the evaluation center crop (torchvision's "
+                                           "--val-crop-size; None: --image-size)")
+    auto_augment: str = _opt("none", "per-sample augmentation policy after crop and flip: ra (RandAugment, "
+                                     "magnitude 9) or ta_wide (TrivialAugmentWide), torchvision's --auto-augment",
+                             choices=("none", "ra", "ta_wide"))
+    random_erase: float = _opt(0.0, "probability that a training sample gets a random box erased (RandomErasing "
+                                    "after normalisation, applied on the device; torchvision's --random-erase)")
+    mixup_alpha: float = _opt(0.0, "MixUp of each sample with its predecessor in the global batch, lambda ~ "
+                                   "Beta(alpha, alpha); with --cutmix-alpha one of the two per step (0: off)")
+    cutmix_alpha: float = _opt(0.0, "CutMix, as --mixup-alpha (0: off)")
+    ra_reps: int = _opt(1, "repeated augmentation: each global batch holds 1/R as many samples, R differently "
+                           "augmented copies of each (torchvision's --ra-sampler --ra-reps R; 1: off)")
     # model
     model: str = _opt("resnet18", "torchvision model (CIFAR stem below 64 px)", choices=MODEL_NAMES)
     sync_bn: bool = _opt(False, "BatchNorm statistics over the global batch (SyncBatchNorm, GPUs only): for small "
@@ -71,11 +93,24 @@ class TrainConfig:
     reference_batch: int = _opt(64, "the global batch --lr was tuned for: the lr scales by global_batch / this "
                                     "(sgd, the linear rule) or its square root (adamw)")
     momentum: float = _opt(0.9, "SGD momentum (nesterov)")
-    weight_decay: float = _opt(5e-4, "weight decay (not on biases and norm layers)")
+    weight_decay: float = _opt(5e-4, "weight decay of the weights (see the next three for norms, biases and "
+                                     "embeddings)")
+    norm_weight_decay: float = _opt(0.0, "weight decay of normalisation layers' parameters (torchvision's "
+                                         "--norm-weight-decay)")
+    bias_weight_decay: float = _opt(0.0, "weight decay of the other 1-D parameters, biases (torchvision's "
+                                         "--bias-weight-decay)")
+    transformer_embedding_decay: float | None = _opt(None, "weight decay of ViT's class token and position "
+                                                           "embedding (torchvision's --transformer-embedding-decay; "
+                                                           "None: --weight-decay)")
     warmup_epochs: float = _opt(0.5, "linear warm-up from a tenth of the peak lr to it (torchvision-style), then "
                                      "cosine decay to 0")
     label_smoothing: float = _opt(0.0, "label smoothing of the cross-entropy loss")
     grad_clip: float = _opt(0.0, "clip the gradient norm to this (0: off)")
+    model_ema: bool = _opt(False, "keep an exponential moving average of the weights (and BatchNorm statistics), "
+                                  "evaluated beside the model at every epoch end (torchvision's --model-ema)")
+    model_ema_steps: int = _opt(32, "update the average every N optimizer steps (torchvision's --model-ema-steps)")
+    model_ema_decay: float = _opt(0.99998, "EMA decay per sample-epoch, adjusted for --model-ema-steps, the "
+                                           "global batch and --epochs as torchvision's --model-ema-decay")
     amp: str = _opt("auto", "mixed precision (auto: bf16 on GPUs that have it, else fp16 + GradScaler; off on CPU)",
                     choices=AMP_MODES)
     compression: str = _opt("none", "gradient compression as a DDP comm hook (4.4); dgc: top-k with DGC's momentum "
@@ -116,13 +151,16 @@ class TrainConfig:
     progress: bool = _opt(True, "show progress on rank 0: a bar on a terminal, a plain line every --log-every steps "
                                 "when stderr is not one (a log file)")
     max_steps: int | None = _opt(None, "stop after this many steps in all (a shorter run of the same schedule)")
+    benchmark_loader: int | None = _opt(None, "run only the input pipeline (loader workers and the device stage) "
+                                              "for N steps, print images/s and exit: nothing trained or written")
     apply_changes: bool = _opt(False, "on resume, continue with hyperparameters that differ from the checkpoint's "
                                       "(--lr, --momentum, --weight-decay, --epochs, --warmup-epochs, ...) instead of "
                                       "refusing: the optimizer takes the new values, and the LR schedule is recomputed "
                                       "for the new --epochs/--warmup-epochs at the resumed step (the LR jumps to it)")
-    stop_check_every: int = _opt(1, "agree on a stop signal every N steps (an all-reduce, and on a GPU a "
-                                    "host-device synchronisation, per check); a preemption then waits up to N steps "
-                                    "longer before the save: keep N x step time well inside the grace period")
+    stop_check_every: int = _opt(1, "agree on a stop signal every N steps (an all-reduce of a CPU flag over a "
+                                    "gloo group per check: a host collective, no device synchronisation); a "
+                                    "preemption then waits up to N steps longer before the save: keep N x step time "
+                                    "well inside the grace period")
     pg_timeout: float = _opt(300.0, "seconds a collective may wait for the other ranks once the first step is done: "
                                     "a rank stuck or dead ends the attempt after this long (torchrun restarts it)")
     pg_init_timeout: float = _opt(900.0, "the same, from the start to the end of the first step (data, model, "
@@ -161,8 +199,30 @@ class TrainConfig:
         if self.parallel != "fsdp" and (self.cpu_offload or not self.reshard_after_forward):
             flag = "--cpu-offload" if self.cpu_offload else "--reshard-after-forward false"
             raise ValueError(f"{flag} applies to --parallel fsdp only; DDP keeps every parameter on every rank")
-        if self.export is not None and self.evaluate:
-            raise ValueError("--export and --evaluate: choose one (each reads the newest checkpoint and exits)")
+        if sum([self.export is not None, self.evaluate, self.benchmark_loader is not None]) > 1:
+            chosen = [f for f, on in (("--export", self.export is not None), ("--evaluate", self.evaluate),
+                                      ("--benchmark-loader", self.benchmark_loader is not None)) if on]
+            raise ValueError(f"{' and '.join(chosen)}: choose one (each runs alone and exits)")
+        for name in ("train_crop_size", "val_resize_size", "val_crop_size"):
+            if getattr(self, name) is not None and self.dataset != "imagenet":
+                raise ValueError(f"--{_flag(name)} applies to --dataset imagenet (its crops); --dataset "
+                                 f"{self.dataset} has images of one size")
+        if self.decode == "cuda" and self.dataset != "imagenet":
+            raise ValueError(f"--decode cuda decodes ImageNet's JPEG files on the GPU; --dataset {self.dataset} has "
+                             "no files to decode: leave --decode at its default")
+        side = self.image_size or 224
+        crops = {"--train-crop-size": self.train_crop_size, "--val-crop-size": self.val_crop_size}
+        if self.model.startswith("vit") and any(v not in (None, side) for v in crops.values()):
+            flag = next(f for f, v in crops.items() if v not in (None, side))
+            raise ValueError(f"{flag} {crops[flag]}: {self.model} takes images of its --image-size ({side}) only; set "
+                             f"--image-size instead")
+        crop = self.val_crop_size or side
+        if self.val_resize_size is not None and self.val_resize_size < crop:
+            raise ValueError(f"--val-resize-size {self.val_resize_size} is smaller than the evaluation crop ({crop}, "
+                             "--val-crop-size): the center crop would reach outside the image")
+        if self.ra_reps > self.global_batch:
+            raise ValueError(f"--ra-reps {self.ra_reps} is more copies than a global batch of {self.global_batch} "
+                             "holds samples: use at most --global-batch")
         if self.compression == "dgc" and self.grad_clip > 0:
             raise ValueError("--grad-clip clips the gradient before momentum, but with --compression dgc .grad holds "
                              "the update after it (momentum is inside the comm hook): use --grad-clip 0 or "
@@ -177,7 +237,7 @@ class TrainConfig:
                              "CIFAR-10 or ImageNet)")
         if self.init_from is not None and not Path(self.init_from).is_file():
             raise ValueError(f"--init-from {self.init_from} is not a file (a checkpoint, or a saved state_dict)")
-        if not self.evaluate and self.export is None:
+        if not self.evaluate and self.export is None and self.benchmark_loader is None:
             _check_output_dir(self.output_dir)
         if self.export is not None:
             _check_output_file(self.export)
@@ -193,7 +253,11 @@ _RANGES = {
     "micro_batch": (1, _INF, False), "nproc": (1, _INF, False), "max_steps": (1, _INF, False),
     "image_size": (8, _INF, False), "workers": (0, _INF, False), "profile_steps": (0, _INF, False),
     "fail_rank": (0, _INF, False), "stop_check_every": (1, _INF, False), "fail_at_step": (0, _INF, False), "compression_start": (0, _INF, False),
-    "topk_warmup": (0, _INF, False),
+    "topk_warmup": (0, _INF, False), "train_crop_size": (8, _INF, False), "val_resize_size": (8, _INF, False),
+    "val_crop_size": (8, _INF, False), "ra_reps": (1, _INF, False), "model_ema_steps": (1, _INF, False),
+    "benchmark_loader": (1, _INF, False), "random_erase": (0.0, 1.0, True), "mixup_alpha": (0.0, 1e3, True),
+    "cutmix_alpha": (0.0, 1e3, True), "model_ema_decay": (0.0, 1.0, True), "norm_weight_decay": (0.0, 1.0, True),
+    "bias_weight_decay": (0.0, 1.0, True), "transformer_embedding_decay": (0.0, 1.0, True),
     "seed": (0, 2**32, False),
     "lr": (1e-12, 100.0, True), "momentum": (0.0, 1.0, False), "weight_decay": (0.0, 1.0, True),
     "warmup_epochs": (0.0, 1e6, True), "label_smoothing": (0.0, 1.0, False), "grad_clip": (0.0, 1e12, True),
@@ -234,11 +298,13 @@ OPERATIONAL = frozenset({
     "checkpoint_every", "keep", "async_checkpoint", "fail_at_step", "fail_rank", "log_every", "straggler_every", "straggler_threshold",
     "profile_steps", "tensorboard", "progress", "max_steps", "nproc", "timeout", "device", "apply_changes",
     "pg_timeout", "pg_init_timeout", "evaluate", "init_from", "stop_check_every", "reshard_after_forward",
-    "cpu_offload", "export"})
+    "cpu_offload", "export", "benchmark_loader",
+    # the same augmentation decoded another way: tensor and pil differ by resampling rounding only
+    "decode"})
 # Cannot change in the middle of a run, even with --apply-changes: the optimizer's state, the
 # loss scaler's, the data order or the format of the checkpoint (one file for ddp, a folder of
-# shards for fsdp) would not fit.
-FIXED = ("optimizer", "amp", "synthetic_size", "parallel")
+# shards for fsdp; with or without the --model-ema average) would not fit.
+FIXED = ("optimizer", "amp", "synthetic_size", "parallel", "model_ema")
 
 
 def changed_hyperparameters(saved: dict, cfg: TrainConfig) -> dict[str, tuple[Any, Any]]:

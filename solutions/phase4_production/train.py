@@ -6,21 +6,25 @@
 
 One attempt on one rank (torchrun starts a fresh attempt after a failure):
 
-    config ─► data (ElasticSampler 4.3 ─► DataLoader) ─► model ─► DDP (+ 4.4 comm hook) or
-              FSDP2's fully_shard (train_parallel.py)
+    config ─► data (ElasticSampler 4.3 ─► DataLoader workers: uint8 crops, train_augment.py ─►
+              device stage: normalise, erase, mix, train_loader.py) ─► model (+ its EMA,
+              train_ema.py) ─► DDP (+ 4.4 comm hook) or FSDP2's fully_shard (train_parallel.py)
     output folder: every node sees it, one writer (run_folder.py)
     resume (4.2): newest checkpoint that verifies (4.1; fsdp: sharded_checkpoint.py), the
                   same step on every rank, the same hyperparameters (train_resume.py)
     for each step:   data │ forward │ backward (+ all-reduce) │ optimizer      train_step.py, StepTimer (4.5)
       step boundary: ranks agree on SIGTERM/SIGINT ─► save, exit 0   PreemptionHandler (4.2)
                      every N steps / epoch end ─► atomic checkpoint            (4.1)
-                     epoch end ─► evaluate (all ranks' counts summed)
+                     epoch end ─► evaluate (all ranks' counts summed), and the EMA
                      every K steps ─► metrics.jsonl, straggler report           (4.5)
+    Nothing is read back from the device on a step that is not logged, saved or
+    evaluated: loss, step times and the stop flag wait (train_sync.py).
 
 What makes a resumed run bit-identical to one never stopped (CPU, same world size): the
 checkpoint holds model, optimizer, LR schedule, loss scaler, data position and every
-rank's RNG; the data order depends on (seed, epoch) only; each sample's augmentation on
-(seed, epoch, index) only (train_data.SeededSamples). With --compression a run resumes
+rank's RNG (and the EMA); the data order depends on (seed, epoch) only; each sample's
+augmentation on (seed, epoch, index, copy) only (train_data.SeededSamples); batch mixing on
+(seed, step) only (train_loader.BatchMixing). With --compression a run resumes
 correctly but not bit-identically (see train_comm.register_comm_hook). The command line is
 in train_cli.py.
 """
@@ -33,7 +37,6 @@ import datetime
 import hashlib
 import importlib.util
 import json
-import math
 import os
 import random
 import signal
@@ -54,19 +57,22 @@ from solutions.phase4_production.checkpoint_writer import BackgroundWriter, Save
 from solutions.phase4_production.config import TrainConfig
 from solutions.phase4_production.elastic import ElasticSampler, plan_batches
 from solutions.phase4_production.lifecycle import orphaned, stop_signals
-from solutions.phase4_production.monitoring import (MetricsWriter, StepTimer, StragglerDetector, peak_flops,
-                                                    training_flops,
+from solutions.phase4_production.monitoring import (MetricsWriter, StragglerDetector, peak_flops, training_flops,
                                                     training_profiler)
 from solutions.phase4_production.recovery import Fault, FaultInjector, PreemptionHandler, current_attempt
 from solutions.phase4_production.run_folder import claim_output_dir, why_unwritable
 from solutions.phase4_production.sharded_checkpoint import ShardedCheckpoints
 from solutions.phase4_production.train_comm import register_comm_hook, set_sparsity
-from solutions.phase4_production.train_data import RankBatches, build_datasets, eval_loader, train_loader
+from solutions.phase4_production.train_data import (RankBatches, build_datasets, crop_sizes, eval_loader,
+                                                    input_stats, train_loader)
+from solutions.phase4_production.train_ema import WeightsEMA
+from solutions.phase4_production.train_loader import BatchMixing, DeviceBatches, InputStage, measure_loader
 from solutions.phase4_production.train_parallel import Parallel, wrap_model
 from solutions.phase4_production.train_report import RunReport
 from solutions.phase4_production.train_resume import export_weights, identity, load_weights, resume_run
 from solutions.phase4_production.train_step import (NonFiniteLoss, SyncPoints, StepParts, autocast_dtype,
                                                     lr_schedule, make_optimizer, train_step)
+from solutions.phase4_production.train_sync import DeferredTimer, LossWatch, StopAgreement
 
 # ---------------------------------------------------------------- building blocks
 
@@ -122,7 +128,7 @@ def train(cfg: TrainConfig) -> dict:
     device = current_device()
     if dist.is_initialized():  # building data, model and the first step (compile, autotuning) may be slow
         dist.set_timeout(datetime.timedelta(seconds=cfg.pg_init_timeout))
-    read_only = cfg.evaluate or cfg.export is not None
+    read_only = cfg.evaluate or cfg.export is not None or cfg.benchmark_loader is not None
     folder = contextlib.nullcontext() if read_only else claim_output_dir(cfg.output_dir, device)
     with PreemptionHandler(stop_signals(), device=device) as preemption, folder:
         return _train(cfg, preemption)
@@ -166,13 +172,26 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
 
     if cfg.fail_at_step is not None and cfg.fail_rank >= world:
         raise ValueError(f"--fail-rank {cfg.fail_rank} is not a rank of this world of {world}")
-    train_set, test_set, shape, classes = build_datasets(cfg.dataset, cfg.data_root, cfg.image_size,
-                                                         cfg.synthetic_size)
+    if cfg.decode == "cuda" and device.type != "cuda":
+        raise ValueError("--decode cuda decodes on the GPU (nvjpeg); this run trains on the CPU: use --decode tensor")
+    train_set, test_set, shape, classes = build_datasets(
+        cfg.dataset, cfg.data_root, cfg.image_size, cfg.synthetic_size, cfg.train_crop_size, cfg.val_resize_size,
+        cfg.val_crop_size, cfg.decode, cfg.auto_augment, cfg.random_erase)
     plan = plan_batches(cfg.global_batch, world, cfg.micro_batch or cfg.global_batch)
     sampler = ElasticSampler(len(train_set), cfg.global_batch, seed=cfg.seed)
     pin = device.type == "cuda"
-    loader = train_loader(train_set, RankBatches(sampler, rank, world), cfg.seed, cfg.workers, pin)
-    tests = eval_loader(test_set, rank, world, max(plan.micro_batches(0)), cfg.workers, pin)  # rank 0: a largest share
+    mixing = cfg.mixup_alpha > 0 or cfg.cutmix_alpha > 0
+    loader = train_loader(train_set, RankBatches(sampler, rank, world, cfg.ra_reps, neighbour=mixing), cfg.seed,
+                          cfg.workers, pin)
+    crop, resize, test_crop = crop_sizes(cfg.dataset, cfg.image_size, cfg.train_crop_size, cfg.val_resize_size,
+                                         cfg.val_crop_size)
+    stats = input_stats(cfg.dataset)
+    batches_of = DeviceBatches(loader, InputStage(device, stats, cfg.decode, True, crop, resize, cfg.auto_augment),
+                               device)
+    tests = DeviceBatches(eval_loader(test_set, rank, world, max(plan.micro_batches(0)), cfg.workers, pin),
+                          InputStage(device, stats, cfg.decode, False, test_crop, resize), device)  # rank 0: a largest share
+    if cfg.benchmark_loader is not None:  # the input pipeline alone: nothing trained or written
+        return {"benchmark_loader": measure_loader(batches_of, cfg.benchmark_loader, device), "world_size": world}
     total_steps = sampler.steps_per_epoch * cfg.epochs  # the schedule's length
     end = min(total_steps, cfg.max_steps) if cfg.max_steps is not None else total_steps  # where this run stops
 
@@ -182,7 +201,8 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
             raise ValueError("--sync-bn: SyncBatchNorm runs on GPUs only (torch 2.14 refuses CPU tensors); "
                              "leave it off on the CPU")
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    flops_per_sample = _flops_per_sample(model, shape, device) if rank == 0 else None
+    flops_per_sample = _flops_per_sample(model, (shape[0], crop, crop) if cfg.dataset == "imagenet" else shape,
+                                         device) if rank == 0 else None
     channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and device.type == "cuda")
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -192,6 +212,7 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
               "float32, measured with torch 2.14.1); use --amp bf16 on CPU, fp16 is for GPUs without bf16",
               file=sys.stderr, flush=True)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    ema = WeightsEMA.create(model, cfg, device, dtype) if cfg.model_ema else None  # before DDP's and FSDP's hooks
     parallel = wrap_model(model, cfg.parallel, device, dtype, cfg.reshard_after_forward, cfg.cpu_offload)
     optimizer = make_optimizer(cfg, model)  # after fully_shard, which makes the parameters DTensors
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -202,7 +223,8 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
 
     checkpoints = CheckpointManager(out / "checkpoints", keep=cfg.keep)
     sharded = ShardedCheckpoints(out / "checkpoints", keep=cfg.keep) if cfg.parallel == "fsdp" else None
-    progress = resume_run(checkpoints, sharded, cfg, parallel, optimizer, scheduler, scaler, device)
+    modules = {"ema": ema.module} if ema is not None and sharded is not None else None  # saved through DCP
+    progress = resume_run(checkpoints, sharded, cfg, parallel, optimizer, scheduler, scaler, device, modules)
     step = int(progress["step"]) if progress else 0
     source = (sharded or checkpoints).path_for(step) if progress else None
     if cfg.export is not None:  # read only, like --evaluate
@@ -215,6 +237,11 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
         return {"evaluated": True, "step": step, "total_steps": total_steps, "world_size": world,
                 "accuracy": accuracy, "top5": top5, "test_loss": test_loss, "fingerprint": _fingerprint(parallel),
                 "source": f"{source}" if progress else cfg.init_from or "the initial weights"}
+    if ema is not None and progress:
+        ema.restore(progress)
+    elif ema is not None and cfg.init_from:  # the average starts from the weights the run starts from
+        ema.update_parameters(parallel.module)
+        ema.restart()
     compression = register_comm_hook(parallel.net, cfg, faults, step) if parallel.kind == "ddp" else None
     net = torch.compile(parallel.net) if cfg.compile else parallel.net
     if progress:
@@ -242,13 +269,15 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
                   f"({'--fail-at-step ' + str(cfg.fail_at_step) if cfg.fail_at_step is not None else 'COURSE_FAULTS'}) "
                   "killed a rank of an earlier attempt, and torchrun restarted the group; the errors printed "
                   "above by torchrun and the surviving rank are that kill, expected", flush=True)
-    timer = StepTimer(device)
+    timer, losses = DeferredTimer(device), LossWatch(device)
+    agreement = StopAgreement(preemption, cfg.pg_init_timeout)
     stragglers = StragglerDetector(every=cfg.straggler_every, threshold=cfg.straggler_threshold,
                                    min_excess_s=0.005, device=device) if world > 1 else None
     parts = StepParts(net, parallel, plan, rank, nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing), optimizer,
                       scaler, dtype, device, channels_last, cfg.grad_clip, compression,
                       SyncPoints(parallel.net, timer, faults)
-                      if world > 1 and not cfg.compile and parallel.kind == "ddp" else None)
+                      if world > 1 and not cfg.compile and parallel.kind == "ddp" else None,
+                      BatchMixing(cfg.mixup_alpha, cfg.cutmix_alpha, classes, cfg.seed) if mixing else None)
     show = RunReport(cfg, rank, attempt.restart, end, step, world, metrics, device, flops_per_sample)
     profiler = training_profiler(out / "traces", rank, wait=5, warmup=2, active=cfg.profile_steps) \
         if cfg.profile_steps else contextlib.nullcontext()
@@ -284,10 +313,12 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
         began = time.perf_counter()
         progress = {"step": step, "data": sampler.state_dict(), "history": history, "identity": identity(cfg),
                     "config": dataclasses.asdict(cfg)}
+        if ema is not None:
+            progress.update(ema.progress() if sharded is None else {"ema_updates": ema.updates})
         if sharded is not None:  # every rank writes its shards (collective), synchronously
             parallel.sync_buffers()  # one value per replicated buffer: whichever rank DCP takes it from
             with one_line_write_errors():
-                path = sharded.save(step, parallel.module, optimizer, scheduler, scaler, progress, faults)
+                path = sharded.save(step, parallel.module, optimizer, scheduler, scaler, progress, faults, modules)
             if path is not None:
                 seconds = time.perf_counter() - began
                 show.checkpoint(step, seconds, sum(sharded.bytes_of(step).values()), seconds)
@@ -298,9 +329,19 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
 
     def evaluate_epoch() -> None:  # the plain module: DDP's forward would broadcast buffers, per batch
         accuracy, test_loss, top5 = evaluate(model, tests, device, dtype)
-        history.append({"epoch": sampler.epoch - 1, "step": step, "accuracy": accuracy, "top5": top5,
-                        "test_loss": test_loss})
+        record = {"epoch": sampler.epoch - 1, "step": step, "accuracy": accuracy, "top5": top5, "test_loss": test_loss}
+        if ema is not None:
+            record["ema"] = dict(zip(("accuracy", "test_loss", "top5"), evaluate(ema.module, tests, device, dtype)))
+        history.append(record)
         show.epoch(history[-1])
+
+    def check_loss() -> float:  # one read of the device: the loss and whether any was NaN or infinite
+        value, bad_step, bad_value = losses.read()
+        if bad_step is not None:
+            raise NonFiniteLoss(f"the loss became {bad_value} at step {bad_step} (rank {rank}): lower --lr or use "
+                                f"--grad-clip; not saved, the newest checkpoint in {checkpoints.folder} is the "
+                                "last good state")
+        return value
 
     if step and sampler.consumed == 0 and (not history or history[-1]["step"] != step):
         evaluate_epoch()  # a preemption at the epoch's end skipped it
@@ -308,7 +349,7 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
     place = {"step": step, "first": step, "what": "the first step"}  # where a collective may time out
     with profiler as prof, _named_timeouts(cfg, place), writer:
         while step < end:
-            batches = iter(loader)
+            batches = iter(batches_of)
             while step < end:
                 faults.begin_step(step)
                 timer.start()
@@ -319,34 +360,40 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
                     break
                 place.update(step=step, what="DDP's gradient all-reduce (in backward)")
                 set_sparsity(compression, cfg, step)
-                loss = train_step(parts, batch, timer, faults)
+                losses.add(train_step(parts, batch, timer, faults, step), step + 1)
                 if step == place["first"] and dist.is_initialized():  # every rank is in step: from now on, short
                     dist.set_timeout(datetime.timedelta(seconds=cfg.pg_timeout))
-                if not math.isfinite(loss):
-                    raise NonFiniteLoss(f"the loss became {loss} at step {step + 1} (rank {rank}): lower --lr or use "
-                                        f"--grad-clip; not saved, the newest checkpoint in {checkpoints.folder} "
-                                        "is the last good state")
+                    agreement.set_timeout(cfg.pg_timeout)
                 scheduler.step()
                 sampler.advance()
                 step += 1
-                times = timer.stop(samples=plan.shares[rank])
-                train_seconds += times["step"]
+                timer.stop(samples=plan.shares[rank])
                 samples_trained += cfg.global_batch  # by all ranks
+                if ema is not None:
+                    place["what"] = "the EMA's buffer broadcast"
+                    ema.update(step, (step - 1) // sampler.steps_per_epoch, parallel.module)
                 epoch_done = sampler.consumed == 0
-                place["what"] = "the stop-flag all-reduce (PreemptionHandler.should_stop)"
-                # before the evaluation: the grace period is ticking. Every --stop-check-every steps
-                # (and at epoch ends): on a GPU the agreement is a host-device synchronisation
+                place["what"] = "the stop-flag all-reduce (StopAgreement, on a gloo group)"
+                # before the evaluation: the grace period is ticking. A host collective, no device sync
                 check = step % cfg.stop_check_every == 0 or epoch_done or step == end
-                stop = preemption.should_stop() if check else False
+                stop = agreement.should_stop() if check else False
+                saving = stop or epoch_done or step % cfg.checkpoint_every == 0 or step == end
+                logged = step % cfg.log_every == 0
+                loss = check_loss() if logged or saving else None
                 if epoch_done and not stop:
                     place["what"] = "the evaluation's all-reduce"
                     evaluate_epoch()
                 place["what"] = "the straggler report's all-gather"
-                report = stragglers.update(times) if stragglers else None
-                show.step(step, loss, scheduler.get_last_lr()[0], times, report)
+                due = stragglers is not None and (step - place["first"]) % cfg.straggler_every == 0
+                times, report = None, None
+                if logged or due or stop or step == end or len(timer.pending) >= 1000:  # alike on every rank
+                    for times in timer.collect():
+                        train_seconds += times["step"]
+                        report = (stragglers.update(times) if stragglers else None) or report
+                show.step(step, loss, scheduler.get_last_lr()[0], times if logged else None, report)
                 if prof is not None:
                     prof.step()
-                if stop or epoch_done or step % cfg.checkpoint_every == 0 or step == end:
+                if saving:
                     place["what"] = "the checkpoint's RNG gather"
                     save()
                 if stop:
@@ -360,15 +407,19 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
                 break
         with one_line_write_errors():
             writer.wait()  # the last checkpoint is on disk before the run says it is done
+    ema_result = None
     if preempted:  # the grace period is ticking: leave now
         accuracy = test_loss = top5 = None
     elif not history or history[-1]["step"] != step:  # stopped mid-epoch (--max-steps)
         accuracy, test_loss, top5 = evaluate(model, tests, device, dtype)
+        if ema is not None:
+            ema_result = dict(zip(("accuracy", "test_loss", "top5"), evaluate(ema.module, tests, device, dtype)))
     else:
         accuracy, test_loss, top5 = history[-1]["accuracy"], history[-1]["test_loss"], history[-1].get("top5")
+        ema_result = history[-1].get("ema")
     summary = {"step": step, "total_steps": total_steps, "preempted": preempted, "world_size": world,
                "epochs_done": sampler.epoch, "accuracy": accuracy, "top5": top5, "test_loss": test_loss,
-               "history": history, "seconds": time.perf_counter() - started,
+               "ema": ema_result, "history": history, "seconds": time.perf_counter() - started,
                "images_per_s": samples_trained / train_seconds if train_seconds else 0.0,
                "fingerprint": _fingerprint(parallel), "output_dir": str(out)}
     show.close(step, summary)

@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None) -> None:
                              "more, which restarts the group (see solutions/phase4_production/README.md)")
         nproc = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if under_torchrun else cfg.nproc or default_nproc()
         choose_training_device(cfg.device, nproc)
+        if cfg.decode == "cuda" and (cfg.device == "cpu" or not torch.cuda.is_available()):
+            raise ValueError("--decode cuda decodes on the GPU (nvjpeg) and this run has none (--device cpu, or no "
+                             "GPU visible): use --decode tensor")
         try:  # the launcher forwards SIGTERM and SIGINT to its ranks; a second Ctrl-C stops at once
             summary = run_or_join(train, nproc, args=(cfg,), timeout=cfg.timeout, forward_signals=stop_signals())
         except KeyboardInterrupt:
@@ -92,6 +95,12 @@ def main(argv: list[str] | None = None) -> None:
                   f"{cfg.output_dir}/checkpoints is kept, run the same command to resume", file=sys.stderr)
             raise SystemExit(130) from None
     if summary is None:  # not rank 0 under torchrun
+        return
+    if summary.get("benchmark_loader"):
+        bench = summary["benchmark_loader"]
+        print(f"loader: {bench['images_per_s']:.0f} images/s on rank 0 ({bench['all_images_per_s']:.0f} in all on "
+              f"{summary['world_size']} ranks), {bench['steps']} steps of {bench['batch']} images per rank "
+              f"({bench['seconds']:.1f} s, after {bench['warmup']} warm-up steps)")
         return
     if summary.get("exported"):
         print(f"exported the model weights of step {summary['step']}: {summary['exported']} (a state_dict: "
@@ -116,4 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     speed = f", {summary['images_per_s']:.0f} images/s" if summary["images_per_s"] else ", nothing left to train"
     print(f"test accuracy {summary['accuracy']:.2%} after {summary['epochs_done']} epochs on "
           f"{summary['world_size']} ranks ({summary['seconds']:.1f} s{speed})")
+    if summary.get("ema"):
+        ema = summary["ema"]
+        top5 = f" (top-5 {ema['top5']:.2%})" if ema.get("top5") is not None else ""
+        print(f"EMA weights (--model-ema): test accuracy {ema['accuracy']:.2%}{top5}, test loss {ema['test_loss']:.4f}")
     print(f"final weights sha256: {summary['fingerprint']}")

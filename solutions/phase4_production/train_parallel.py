@@ -126,6 +126,14 @@ def wrap_model(model: nn.Module, kind: str, device: torch.device, dtype: torch.d
     if cpu_offload and device.type != "cuda":
         raise ValueError("--cpu-offload moves the shards from the GPUs to CPU memory (pinned, for fast copies); "
                          "training on the CPU they are in CPU memory already: leave it off")
+    shard(model, device, dtype, reshard_after_forward, cpu_offload)
+    return Parallel("fsdp", model, model, list(model.buffers()))
+
+
+def shard(model: nn.Module, device: torch.device, dtype: torch.dtype | None = None,
+          reshard_after_forward: bool = True, cpu_offload: bool = False) -> None:
+    """fully_shard on each of fsdp_units(model), then on the model (the root), over all ranks
+    (wrap_model's fsdp; also the --model-ema copy, sharded like the model)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -141,7 +149,6 @@ def wrap_model(model: nn.Module, kind: str, device: torch.device, dtype: torch.d
     # after forward would only gather them again at once (fully_shard's docstring, torch 2.14:
     # "we usually set False for the root module")
     fully_shard(model, **{**options, "reshard_after_forward": False})
-    return Parallel("fsdp", model, model, list(model.buffers()))
 
 
 @contextlib.contextmanager

@@ -35,9 +35,10 @@ def identity(cfg: TrainConfig) -> dict:
 
 
 def resume_run(checkpoints: CheckpointManager, sharded: ShardedCheckpoints | None, cfg: TrainConfig,
-               parallel: Parallel, optimizer, scheduler, scaler, device) -> dict | None:
-    """recovery.resume (ddp) or the sharded store's load_latest (fsdp: `sharded`), with a
-    one-line error when the checkpoints belong to another run or to the other --parallel."""
+               parallel: Parallel, optimizer, scheduler, scaler, device, modules: dict | None = None) -> dict | None:
+    """recovery.resume (ddp) or the sharded store's load_latest (fsdp: `sharded`, loading
+    `modules` too: the --model-ema average), with a one-line error when the checkpoints belong
+    to another run or to the other --parallel."""
     read_only = cfg.evaluate or cfg.export is not None
     _refuse_the_other_kind(checkpoints, sharded, cfg)
     if not read_only and sharded is None:
@@ -52,10 +53,16 @@ def resume_run(checkpoints: CheckpointManager, sharded: ShardedCheckpoints | Non
                 if saved is not None:
                     _check_changes(changed_hyperparameters(saved[1], cfg), cfg, checkpoints, saved[0])
                 progress = sharded.load_latest(parallel.module, optimizer, scheduler, scaler, map_location=device,
-                                               set_aside=not read_only)
+                                               set_aside=not read_only, modules=None if read_only else modules)
             else:
                 progress = resume(checkpoints, parallel.net, optimizer, scheduler, scaler, map_location=device)
     except (RuntimeError, KeyError, ValueError) as exc:
+        if "parameter groups" in str(exc):  # torch's optimizer: the checkpoint's groups are not this run's
+            raise ValueError(f"the checkpoints in {checkpoints.folder} hold an optimizer of other parameter groups "
+                             "(one per weight decay: --weight-decay, --norm-weight-decay, --bias-weight-decay and "
+                             "--transformer-embedding-decay decide them, and cannot change in the middle of a run): "
+                             "resume with the run's values, or start from its weights in another --output-dir with "
+                             "--init-from CHECKPOINT") from None
         if "state_dict" not in str(exc) and not isinstance(exc, KeyError):
             raise
         saved = _newest_config(checkpoints, sharded)  # why the state did not fit: a setting that cannot change?

@@ -10,13 +10,16 @@ before the rename) leaves nothing that load_latest would trip over; the data is 
 before the rename and the folder after it, and a folder that save() creates is fsynced in
 its parent (recorded, since durability cannot be observed without a power cut); one rank
 writes; each rank gets its own RNG back; a DDP-wrapped model is saved as the module inside
-(it loads without DDP, at any world size). The layout of the folder is not graded: one
-file with a footer, a separate commit marker or a `latest` pointer done right all pass.
+(it loads without DDP, at any world size); keep-last-k counts checkpoint files only. How
+a damaged file is told from a good one is not graded (a footer, a header, a checksum file
+next to it, done right, all pass), as long as a checkpoint is the one file path_for names.
 """
 
 from __future__ import annotations
 
 import atexit
+import hashlib
+import io
 import multiprocessing as mp
 import os
 import random
@@ -264,6 +267,7 @@ def _two_rank_scenario(mod, folder: str) -> dict:
     for step in range(2):
         _train_step(*run, step)
     state = mod.training_state(*run, {"step": 2, "epoch": 0})
+    rngs = [_digest(entry) for entry in state["rng"]] if isinstance(state, dict) and "rng" in state else None
     writes = _recorder(Path(folder))
     mod.CheckpointManager(folder, keep=2).save(2, state)
     recorded = list(writes)
@@ -275,7 +279,17 @@ def _two_rank_scenario(mod, folder: str) -> dict:
     if loaded is None:
         return {"writes": recorded, "loaded": None}
     progress = mod.restore_training_state(loaded[1], *_run(1))
-    return {"writes": recorded, "loaded": loaded[0], "progress": progress, "expected": expected, "got": _draws()}
+    return {"writes": recorded, "loaded": loaded[0], "progress": progress, "expected": expected, "got": _draws(),
+            "rngs": rngs, "own": _digest(state["rng"][rank])}
+
+
+def _digest(obj) -> str | None:
+    """A fingerprint of a (nested) RNG record: equal iff torch.save writes the same bytes for it."""
+    if obj is None:
+        return None
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return hashlib.sha256(buffer.getvalue()).hexdigest()[:16]
 
 
 _OTHER_WORLD_STEPS = (5, 6)  # states saved by one process, resumed by 2 ranks
@@ -425,6 +439,11 @@ def test_4_1_each_rank_resumes_its_own_rng(grade):
                 problems.append(f"rank {rank}: the {name} generator continues with {r['got'][name]}{whose}, "
                                 f"expected its own {values}")
     assert results[0]["expected"] != results[1]["expected"], "test setup: the ranks' streams should differ"
+    rngs = [r.get("rngs") for r in results]
+    if rngs[0] != rngs[1] or rngs[0] is None or len(rngs[0]) != 2 or None in rngs[0]:
+        problems.append(f"training_state(...)['rng'] on rank 0 and rank 1 (fingerprints): {rngs[0]} and {rngs[1]}; "
+                        "training_state returns the complete state on EVERY rank (rng[r] is rank r's "
+                        "capture_rng(), all_gather_object), whichever rank then writes it")
     assert_no_problems(problems, "2 ranks seeded differently (seed 100 + rank), saved at step 2, reseeded, resumed: "
                                  "each rank must get ITS OWN generators back (a checkpoint holds one RNG state per rank):")
 
@@ -839,6 +858,37 @@ def test_4_1_keeps_the_last_k(grade, tmp_path):
     if loaded is None or loaded[0] != 4:
         problems.append(f"with step 5 damaged, load_latest() returned {loaded and loaded[0]}, expected step 4 (kept)")
     assert_no_problems(problems, "CheckpointManager(keep=2) after saving steps 1, 2, 3, 4, 5 must keep the newest two:")
+
+
+def test_4_1_pruning_never_touches_what_is_not_a_checkpoint(grade, tmp_path):
+    """Entries named like checkpoints that are not readable checkpoint files (a folder, a link to
+    nothing: left by a user, a sync tool, another program) are in unusable(), never counted by
+    keep-last-k, never removed."""
+    mod = grade("4.1").load()
+    manager = mod.CheckpointManager(tmp_path, keep=2)
+    folder = manager.path_for(9)
+    folder.mkdir()
+    (folder / "notes.txt").write_text("not a checkpoint")
+    dangling = manager.path_for(8)
+    dangling.symlink_to(tmp_path / "gone")
+    problems = []
+    try:
+        for step in range(1, 5):
+            manager.save(step, _state_for(mod, step, step))
+    except Exception as exc:  # noqa: BLE001 - the point of the check
+        if grading.todo_of(exc):
+            raise
+        problems.append(f"save() raised {type(exc).__name__}: {_one_line(exc)} (it must leave entries that are not "
+                        "checkpoint files alone)")
+    if manager.steps() != [3, 4]:
+        problems.append(f"steps() is {manager.steps()} after saving steps 1..4 with keep=2, next to a folder and a "
+                        "dangling link named like steps 9 and 8; expected [3, 4] (those two are not checkpoints)")
+    if not (folder / "notes.txt").is_file() or not dangling.is_symlink():
+        problems.append("the folder or the dangling link named like a checkpoint was removed: unusable() entries are "
+                        "never pruned or overwritten")
+    if sorted(p.name for p in manager.unusable()) != sorted([folder.name, dangling.name]):
+        problems.append(f"unusable() lists {[p.name for p in manager.unusable()]}")
+    assert_no_problems(problems, "keep-last-k counts checkpoint files only (steps()):")
 
 
 def test_4_1_load_maps_to_the_requested_device(grade, tmp_path):
