@@ -533,7 +533,8 @@ def test_trainer_writes_metrics_traces_and_plain_progress_lines_to_a_log_file(tm
     never tqdm's carriage returns."""
     proc = launch(tmp_path, "--profile-steps", "2", "--log-every", "5", "--progress", "true")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = re.findall(r"^step (\d+)/22: loss [0-9.]+, lr [0-9.e-]+, \d+ images/s per rank \(\d+ in all\), eta \S+$",
+    lines = re.findall(r"^step (\d+)/22: loss [0-9.]+, lr [0-9.e-]+, \d+ images/s per rank \(\d+ in all\), "
+                       r"loader \d+% of the step, eta \S+$",
                        proc.stdout, re.M)
     assert lines == ["5", "10", "15", "20"], f"expected a plain line every 5 steps:\n{proc.stdout[-2000:]}"
     assert "\r" not in proc.stdout + proc.stderr, "carriage returns in a log file"

@@ -83,8 +83,10 @@ class RunReport:
             rate = (step - self.done_at_start) / elapsed if elapsed > 0 else 0.0
             eta = (self.total - step) / rate if rate > 0 else float("nan")
             extra = f", MFU {utilisation:.0%}" if utilisation is not None else ""
+            # the loader's share: the time this rank waited for its next batch; near 0 when it keeps up
+            loader = f", loader {times['data'] / times['step']:.0%} of the step" if times.get("step") else ""
             print(f"step {step}/{self.total}: loss {loss:.4f}, lr {lr:.4g}, {per_rank:.0f} images/s per rank "
-                  f"({per_rank * self.world:.0f} in all){extra}, eta {_duration(eta)}", flush=True)
+                  f"({per_rank * self.world:.0f} in all){extra}{loader}, eta {_duration(eta)}", flush=True)
 
     def epoch(self, record: dict) -> None:
         if not self.active:
