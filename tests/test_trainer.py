@@ -62,7 +62,9 @@ def fingerprint_of(text: str) -> str:
 
 
 def cached(name: str, make):
-    """Run `make()` once per session; a failure is raised again for every test that needs it."""
+    """Run `make()` once per session; a failure is raised again for every test that needs it.
+    A run whose files a test reads afterwards names its folder in `name`: other modules'
+    `base` folders differ, and the cache is shared by every module that imports it."""
     if name not in _runs:
         try:
             _runs[name] = make()
@@ -713,7 +715,7 @@ def regularised_reference(base: Path) -> str:
         proc = launch(base / "regularised", *ALL_REGULARISERS)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return proc.stdout
-    return cached("regularised", make)
+    return cached(f"regularised in {base}", make)
 
 
 def test_a_run_with_every_regulariser_on_resumes_bit_identically(base, tmp_path):
