@@ -310,18 +310,8 @@ def _mp_reference_steps(batches, scaler_factory):
     scaler = scaler_factory()
     out = []
     for inputs, targets in batches:
-        optimizer.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(inputs)
-        loss = F.cross_entropy(logits.float(), targets)  # fp32 from bf16 logits
-        if scaler is None:
-            loss.backward()
-            optimizer.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-        out.append((loss.item(), {k: v.clone() for k, v in model.state_dict().items()}))
+        loss = _mp_reference_steps_on(model, optimizer, scaler, inputs, targets)
+        out.append((loss, {k: v.clone() for k, v in model.state_dict().items()}))
     return out
 
 

@@ -581,25 +581,9 @@ def _one_rank_world(ref: grading.ModuleRef, folder: str) -> dict:
     return out
 
 
-_one_rank_worlds: dict = {}
-
-
 def _one_rank_results(ref, tmp_path_factory) -> list[dict]:
-    if ref not in _one_rank_worlds:
-        try:
-            _one_rank_worlds[ref] = run_world(_one_rank_world, 2,
-                                              args=(ref, str(tmp_path_factory.mktemp("recovery-one-rank"))))
-        except Exception as exc:  # noqa: BLE001
-            _one_rank_worlds[ref] = exc
-    if isinstance(_one_rank_worlds[ref], BaseException):
-        todo = grading.todo_of(_one_rank_worlds[ref])
-        if todo:
-            raise NotImplementedError(todo)
-        raise _one_rank_worlds[ref]
-    for rank, result in enumerate(_one_rank_worlds[ref]):
-        if "load" in result:
-            _raise(f"rank {rank} loading the graded module", result["load"])
-    return _one_rank_worlds[ref]
+    """The world of one-rank cases for `ref` (one world serves every test that needs one)."""
+    return _cached_world(_one_rank_world, ref, tmp_path_factory, "recovery-one-rank")
 
 
 def _attempts_case(mod, folder: str) -> dict:
@@ -717,22 +701,29 @@ def _world_cases(ref: grading.ModuleRef, folder: str) -> dict:
 _worlds: dict = {}
 
 
-def _world(ref, tmp_path_factory) -> list[dict]:
-    """The 2-rank world's results for `ref` (one world serves every test that needs one)."""
-    if ref not in _worlds:
+def _cached_world(cases, ref, tmp_path_factory, folder: str) -> list[dict]:
+    """run_world(cases, 2) for `ref`, once per (cases, ref): every test that needs it reports
+    its failure, a TODO as a TODO, a graded module that did not load as that rank's error."""
+    key = (cases.__name__, ref)
+    if key not in _worlds:
         try:
-            _worlds[ref] = run_world(_world_cases, 2, args=(ref, str(tmp_path_factory.mktemp("recovery-world"))))
+            _worlds[key] = run_world(cases, 2, args=(ref, str(tmp_path_factory.mktemp(folder))))
         except Exception as exc:  # noqa: BLE001 - every test that needs the world reports it
-            _worlds[ref] = exc
-    if isinstance(_worlds[ref], BaseException):
-        todo = grading.todo_of(_worlds[ref])
+            _worlds[key] = exc
+    if isinstance(_worlds[key], BaseException):
+        todo = grading.todo_of(_worlds[key])
         if todo:
             raise NotImplementedError(todo)
-        raise _worlds[ref]
-    for rank, result in enumerate(_worlds[ref]):
+        raise _worlds[key]
+    for rank, result in enumerate(_worlds[key]):
         if "load" in result:
             _raise(f"rank {rank} loading the graded module", result["load"])
-    return _worlds[ref]
+    return _worlds[key]
+
+
+def _world(ref, tmp_path_factory) -> list[dict]:
+    """The 2-rank world's results for `ref` (one world serves every test that needs one)."""
+    return _cached_world(_world_cases, ref, tmp_path_factory, "recovery-world")
 
 
 def test_4_2_ranks_agree_to_stop_on_sigterm(grade, tmp_path_factory):
