@@ -1,7 +1,7 @@
 """One JSON with what a GPU machine says about the trainer: run it where there is a CUDA GPU.
 
-    python benchmarks/gpu_report.py --json gpu_report.json          # about 10 minutes on one GPU
-    python benchmarks/gpu_report.py --quick --json gpu_report.json  # a smoke run, about 3 minutes
+    python benchmarks/gpu_report.py --json gpu_report.json          # about 4 minutes on one H100
+    python benchmarks/gpu_report.py --quick --json gpu_report.json  # a smoke run: fewer steps, one pair
 
 What it records (every part runs in a subprocess; a part that fails records its error and
 the report goes on):
@@ -18,7 +18,8 @@ the report goes on):
                          among the others: images/s per worker process
     fsdp                 the same ResNet-50 run with --parallel fsdp: samples/s, MFU
 
-Without a CUDA GPU it says so in one line and exits 2. No GPU has run it yet.
+Without a CUDA GPU it says so in one line and exits 2. Its first run (one H100, 2026-11-26) is
+benchmarks/gpu_runs/2026-11-26_h100.json.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -112,28 +114,61 @@ def loader(images: int) -> dict:
     return result
 
 
+PARTS = ("trainer_vs_bare", "trainer_mfu", "loader", "fsdp")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default="gpu_report.json", help="where the report goes")
     parser.add_argument("--quick", action="store_true", help="fewer steps and images (a smoke run)")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"which parts, comma-separated ({', '.join(PARTS)})")
+    parser.add_argument("--steps", type=int, help="trainer steps per run (default 45; 20 with --quick)")
+    parser.add_argument("--repeats", type=int, help="trainer/bare pairs (default 3; 1 with --quick)")
     args = parser.parse_args(argv)
+    unknown = set(args.parts.split(",")) - set(PARTS)
+    if unknown:
+        parser.error(f"--parts: unknown {', '.join(sorted(unknown))}; choose from {', '.join(PARTS)}")
     import torch
 
     if not torch.cuda.is_available():
         parser.exit(2, "gpu_report.py: error: no CUDA GPU is visible here; run it on a GPU machine (it measures "
                        "the GPU paths)\n")
     steps, repeats, images = (20, 1, 64) if args.quick else (45, 3, 512)
+    steps, repeats = args.steps or steps, args.repeats or repeats
     report = {"device": device(), "versions": versions(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
               "settings": {"quick": args.quick, "steps": steps, "repeats": repeats, "images": images}}
-    for name, part in (("trainer_vs_bare", lambda: trainer_vs_bare(steps, repeats)),
-                       ("trainer_mfu", lambda: trainer_run("ddp", steps)),
-                       ("loader", lambda: loader(images)),
-                       ("fsdp", lambda: trainer_run("fsdp", steps))):
+    parts = {"trainer_vs_bare": lambda: trainer_vs_bare(steps, repeats),
+             "trainer_mfu": lambda: trainer_run("ddp", steps),
+             "loader": lambda: loader(images),
+             "fsdp": lambda: trainer_run("fsdp", steps)}
+    for name in args.parts.split(","):
+        part = parts[name]
         print(f"{name} ...", flush=True)
         report[name] = part()
         print(f"{name}: {'ok' if report[name]['ok'] else 'FAILED'} ({report[name]['seconds']:.0f} s)", flush=True)
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")  # a partial report survives a crash
+    print(summary(report))
     print(f"report written to {args.json}")
+
+
+def summary(report: dict) -> str:
+    """The report's numbers in a few lines (the JSON holds everything)."""
+    lines = [f"{report['device']['name']}, torch {report['versions']['torch']}, "
+             f"torchvision {report['versions']['torchvision']}, CUDA {report['versions']['cuda']}"]
+    for name in PARTS:
+        part = report.get(name)
+        if part is None:
+            continue
+        if not part["ok"]:
+            lines.append(f"{name}: FAILED: {(part.get('error') or '').strip().splitlines()[-1:]}")
+        elif "samples_per_s" in part:
+            rates, mfu = part["samples_per_s"], [m for m in part["mfu"] if m is not None]
+            lines.append(f"{name}: {statistics.median(rates):.0f} samples/s (median of {len(rates)} windows), "
+                         f"MFU {statistics.median(mfu) if mfu else float('nan'):.1%}, "
+                         f"peak allocated {(part['peak_allocated_bytes'] or 0) / 2**30:.1f} GiB")
+        else:
+            lines.append(f"{name}:\n{part['stdout'].strip()[-1500:]}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -168,10 +168,13 @@ class ShardedCheckpoints:
         if faults is not None:
             faults.point("save")  # a kill here: the others fail in dcp.save's collectives, nothing is committed
         state = {"model": model_state, "optimizer": optim_state, **_module_states(modules)}
-        metadata = dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True))
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True))
         if rank == 0:
             atomic_save({k: v for k, v in extra.items() if k not in ("model", "optimizer")}, tmp / EXTRA)
         _barrier()
+        # the files that .metadata on disk names (what a load reads), not dcp.save's return value:
+        # torch 2.11's FileSystemWriter.finish records them on a copy, and returns none
+        metadata = dcp.FileSystemReader(str(tmp)).read_metadata()
         names = sorted({info.relative_path for info in metadata.storage_data.values()} | {".metadata", EXTRA})
         mine = {name: (os.path.getsize(tmp / name), _sha256(tmp / name)) for name in names[rank::world]}
         files = {name: entry for share in _gather(mine) for name, entry in share.items()}

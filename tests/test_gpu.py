@@ -1,13 +1,12 @@
 """The GPU suite: what only a CUDA GPU can show. One command, on a machine with a GPU:
 
-    pytest -m gpu                                   # these tests (about 5 minutes on one GPU)
+    pytest -m gpu                                   # these tests (2.5 minutes on one H100, the report's own test aside)
     python benchmarks/gpu_report.py --json gpu.json # the numbers: trainer vs bare loop, MFU, loader, fsdp
 
 Plain `pytest` (and so CI) never runs them: conftest.py skips every test marked `gpu` unless
 `-m gpu` is given, and without CUDA they skip anyway. Each test uses one GPU (a world of one
-rank on NCCL: two ranks cannot share a GPU under NCCL). No GPU has run this suite yet (see
-solutions/phase4_production/README.md, "The GPU suite").
-"""
+rank on NCCL: two ranks cannot share a GPU under NCCL). First and last run: one H100, 2026-11-26
+(solutions/phase4_production/README.md, "The GPU suite")."""
 
 from __future__ import annotations
 
@@ -52,9 +51,13 @@ def test_the_trainer_on_one_gpu_with_nccl_bf16_channels_last_and_compile(tmp_pat
 
 def test_a_killed_gpu_run_resumes_to_the_same_weights_with_deterministic_kernels(tmp_path):
     """--deterministic (cuBLAS workspace, no cuDNN autotuning, deterministic algorithms): the run
-    killed at step 7 and restarted by torchrun ends on the uninterrupted run's weights."""
-    flags = ["--deterministic", "--amp", "bf16", "--channels-last", "on", "--max-steps", "12",
-             "--mixup-alpha", "0.2", "--cutmix-alpha", "1.0", "--random-erase", "0.25", "--model-ema",
+    killed at step 7 and restarted by torchrun resumes from step 5 and ends on the uninterrupted
+    run's weights. Checkpoints are written in the step (--async-checkpoint off): on a GPU, where
+    the background writer is the default, a kill two steps (milliseconds) after a save
+    comes before the write commits, and the restart then rightly begins at step 0 (first H100 run,
+    2026-11-26); tests/test_trainer.py kills the background writer on purpose."""
+    flags = ["--deterministic", "--async-checkpoint", "off", "--amp", "bf16", "--channels-last", "on",
+             "--max-steps", "12", "--mixup-alpha", "0.2", "--cutmix-alpha", "1.0", "--random-erase", "0.25", "--model-ema",
              "--model-ema-steps", "2"]
     whole, code = _torchrun(tmp_path / "whole", *flags)
     assert code == 0, whole[-4000:]

@@ -202,7 +202,11 @@ def test_decode_pil_is_the_earlier_pipeline_bit_for_bit_and_tensor_the_same_crop
 
 def test_gpu_decode_path_on_the_cpu_crops_what_the_worker_drew(tmp_path):
     """--decode cuda's device half (DeviceDecode) run with the CPU as the device: the same
-    crop and flip as the tensor path for the same draws."""
+    crop and flip as the tensor path for the same draws. The batch comes from a loader
+    worker, as in training: the files' bytes must cross its queue (a DataLoader timeout turns
+    a wedged queue into an error, not a hang)."""
+    from torch.utils.data import DataLoader
+
     from solutions.phase4_production.train_augment import imagenet
     from solutions.phase4_production.train_data import collate
     from solutions.phase4_production.train_loader import DeviceDecode
@@ -211,8 +215,8 @@ def test_gpu_decode_path_on_the_cpu_crops_what_the_worker_drew(tmp_path):
     files = SeededSamples(imagenet(str(root), True, 32, 36, "cuda"), seed=2)
     tensor = SeededSamples(imagenet(str(root), True, 32, 36, "tensor"), seed=2)
     keys = [(0, i) for i in range(6)]
-    batch = collate([files[k] for k in keys])
-    assert isinstance(batch[0]["jpeg"], list) and batch[0]["box"].shape == (6, 4)
+    batch, = DataLoader(files, batch_sampler=[keys], num_workers=1, collate_fn=collate, timeout=60)
+    assert batch[0]["jpeg_sizes"].shape == (6,) and batch[0]["box"].shape == (6, 4)
     images = DeviceDecode(torch.device("cpu"), True, 32, 36)(batch[0])
     expected = torch.stack([tensor[k][0] for k in keys])
     assert images.shape == expected.shape and (images.float() - expected.float()).abs().max() <= 1.0

@@ -72,7 +72,10 @@ class TrainConfig:
                                 "per-GPU batches; costs an all-reduce per BatchNorm layer in forward and backward")
     init_from: str | None = _opt(None, "start a new run from these weights: a checkpoint of this trainer, or a "
                                        "state_dict file such as torchvision's (ignored when the run resumes)")
-    channels_last: str = _opt("auto", "channels_last memory format (auto: on GPU only)", choices=("auto", "on", "off"))
+    channels_last: str = _opt("auto", "channels_last memory format (auto: on GPU only); under --parallel fsdp the "
+                                      "inputs only, the parameters stay contiguous as fully_shard requires (a "
+                                      "channels_last input alone makes cuDNN's convolution channels_last)",
+                              choices=("auto", "on", "off"))
     parallel: str = _opt("ddp", "how the ranks hold the model: ddp (every rank a full replica; rank 0 writes one "
                                 "checkpoint file) or fsdp (torch's fully_shard: each rank 1/N of the parameters, "
                                 "gradients and optimizer state, and writes only its shards; for models whose "

@@ -204,8 +204,8 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
     flops_per_sample = _flops_per_sample(model, (shape[0], crop, crop) if cfg.dataset == "imagenet" else shape,
                                          device) if rank == 0 else None
     channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and device.type == "cuda")
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
+    if channels_last and cfg.parallel != "fsdp":  # fully_shard refuses non-contiguous parameters (torch 2.14):
+        model = model.to(memory_format=torch.channels_last)  # under fsdp the inputs alone go channels_last
     dtype = autocast_dtype(cfg.amp, device)
     if dtype == torch.float16 and device.type == "cpu" and rank == 0:
         print("warning: --amp fp16 on CPU runs torch's slow fp16 kernels (a ResNet-18 step about 60x slower than "

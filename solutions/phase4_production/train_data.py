@@ -181,7 +181,11 @@ class RankBatches:
 
 def collate(batch: list):
     """default_collate, except for samples that are file bytes for the GPU to decode (--decode
-    cuda): their "jpeg" entries stay a list (each file has its own length)."""
+    cuda): their "jpeg" entries become one uint8 tensor, the files end to end, and "jpeg_sizes"
+    (N,) their lengths (train_loader.split_files undoes it). One tensor, not a list of N: each
+    tensor a worker sends takes a file descriptor, and read_file's own tensors cannot be sent
+    at all (torch 2.11 and 2.14: "OSError: Bad file descriptor" in the worker's queue thread,
+    and the loader waits forever), so the bytes are copied into fresh memory here anyway."""
     from torch.utils.data import default_collate
 
     first = batch[0][0]
@@ -189,7 +193,8 @@ def collate(batch: list):
         files = [sample[0]["jpeg"] for sample in batch]
         rest = [({k: v for k, v in sample[0].items() if k != "jpeg"}, *sample[1:]) for sample in batch]
         out = default_collate(rest)
-        out[0]["jpeg"] = files
+        out[0]["jpeg"] = torch.cat(files)
+        out[0]["jpeg_sizes"] = torch.tensor([f.numel() for f in files])
         return out
     return default_collate(batch)
 

@@ -73,6 +73,12 @@ def erase(x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
     return x.masked_fill_(inside.unsqueeze(1), 0.0)
 
 
+def split_files(batch: dict) -> list[torch.Tensor]:
+    """The files' bytes of a --decode cuda batch (train_data.collate): views of its one
+    "jpeg" tensor, one 1-D uint8 tensor per file."""
+    return list(torch.split(batch["jpeg"], batch["jpeg_sizes"].tolist()))
+
+
 class DeviceDecode:
     """--decode cuda: torchvision.io.decode_jpeg on a list of files' bytes with device=the
     training device (nvjpeg, batched), then per sample what the workers drew: train:
@@ -90,7 +96,7 @@ class DeviceDecode:
         from torchvision.io import ImageReadMode, decode_image, decode_jpeg
         from torchvision.transforms.v2 import functional as F
 
-        files = batch["jpeg"]
+        files = split_files(batch)
         jpeg = [k for k, data in enumerate(files) if data.numel() > 2 and data[0] == 0xFF and data[1] == 0xD8]
         images: list = [None] * len(files)
         if jpeg:
