@@ -168,6 +168,10 @@ class TrainConfig:
                                     "a rank stuck or dead ends the attempt after this long (torchrun restarts it)")
     pg_init_timeout: float = _opt(900.0, "the same, from the start to the end of the first step (data, model, "
                                          "resume, compilation and autotuning may be slow on some ranks)")
+    loader_timeout: float = _opt(900.0, "seconds the loop waits for one batch from its loader workers (--workers > "
+                                        "0): a worker stuck on a file system that stopped answering, or on a "
+                                        "sample that never returns, ends the attempt after this long (torchrun "
+                                        "restarts it) instead of hanging the run")
     # launch
     device: str = _opt("auto", "train on GPUs (one per local rank; fewer GPUs than ranks is an error) or the CPU "
                                "(auto: GPUs when this node has any)", choices=("auto", "cuda", "cpu"))
@@ -265,7 +269,7 @@ _RANGES = {
     "lr": (1e-12, 100.0, True), "momentum": (0.0, 1.0, False), "weight_decay": (0.0, 1.0, True),
     "warmup_epochs": (0.0, 1e6, True), "label_smoothing": (0.0, 1.0, False), "grad_clip": (0.0, 1e12, True),
     "topk_ratio": (1e-9, 1.0, True), "straggler_threshold": (1e-6, 1e6, True), "timeout": (1.0, 1e9, True),
-    "pg_timeout": (1.0, 1e7, True), "pg_init_timeout": (1.0, 1e7, True),
+    "pg_timeout": (1.0, 1e7, True), "pg_init_timeout": (1.0, 1e7, True), "loader_timeout": (1.0, 1e7, True),
 }
 
 
@@ -300,7 +304,7 @@ OPERATIONAL = frozenset({
     "data_root", "workers", "channels_last", "compile", "micro_batch", "deterministic", "output_dir",
     "checkpoint_every", "keep", "async_checkpoint", "fail_at_step", "fail_rank", "log_every", "straggler_every", "straggler_threshold",
     "profile_steps", "tensorboard", "progress", "max_steps", "nproc", "timeout", "device", "apply_changes",
-    "pg_timeout", "pg_init_timeout", "evaluate", "init_from", "stop_check_every", "reshard_after_forward",
+    "pg_timeout", "pg_init_timeout", "loader_timeout", "evaluate", "init_from", "stop_check_every", "reshard_after_forward",
     "cpu_offload", "export", "benchmark_loader",
     # the same augmentation decoded another way: tensor and pil differ by resampling rounding only
     "decode"})

@@ -139,19 +139,26 @@ class OutputNotWritable(ValueError):
 
 
 class CollectiveTimeout(RuntimeError):
-    """A collective waited longer than --pg-timeout: a rank is stuck or dead. Not the user's
-    doing, so torchrun restarts the attempt (from the newest checkpoint)."""
+    """A collective waited longer than --pg-timeout, or the loop longer than --loader-timeout
+    for a batch: a rank or a loader worker is stuck or dead. Not the user's doing, so torchrun
+    restarts the attempt (from the newest checkpoint)."""
 
 
 @contextlib.contextmanager
 def _named_timeouts(cfg: TrainConfig, place: dict) -> Iterator[None]:
     """Turn a collective's timeout (gloo raises it; NCCL's watchdog aborts the process and
-    its flight recorder says where) into one line naming the step and the collective."""
+    its flight recorder says where), or the loader's, into one line naming the step and what
+    waited."""
     try:
         yield
     except RuntimeError as exc:
         if "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower():
             raise
+        if str(exc).startswith("DataLoader timed out"):  # torch.utils.data's message, workers > 0
+            raise CollectiveTimeout(f"step {place['step'] + 1}: no batch from the {cfg.workers} loader worker(s) "
+                                    f"in {cfg.loader_timeout:g} s (--loader-timeout): a worker is stuck (a file "
+                                    "system that stopped answering, a sample that never returns); this attempt "
+                                    "ends, and torchrun restarts it from the newest checkpoint") from None
         limit = cfg.pg_timeout if place["step"] > place["first"] else cfg.pg_init_timeout
         raise CollectiveTimeout(f"step {place['step'] + 1}: {place['what']} waited more than {limit:g} s "
                                 f"(--pg-timeout/--pg-init-timeout) for another rank, which is stuck or dead; this "
@@ -182,13 +189,14 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
     pin = device.type == "cuda"
     mixing = cfg.mixup_alpha > 0 or cfg.cutmix_alpha > 0
     loader = train_loader(train_set, RankBatches(sampler, rank, world, cfg.ra_reps, neighbour=mixing), cfg.seed,
-                          cfg.workers, pin)
+                          cfg.workers, pin, cfg.loader_timeout)
     crop, resize, test_crop = crop_sizes(cfg.dataset, cfg.image_size, cfg.train_crop_size, cfg.val_resize_size,
                                          cfg.val_crop_size)
     stats = input_stats(cfg.dataset)
     batches_of = DeviceBatches(loader, InputStage(device, stats, cfg.decode, True, crop, resize, cfg.auto_augment),
                                device)
-    tests = DeviceBatches(eval_loader(test_set, rank, world, max(plan.micro_batches(0)), cfg.workers, pin),
+    tests = DeviceBatches(eval_loader(test_set, rank, world, max(plan.micro_batches(0)), cfg.workers, pin,
+                                      cfg.loader_timeout),
                           InputStage(device, stats, cfg.decode, False, test_crop, resize), device)  # rank 0: a largest share
     if cfg.benchmark_loader is not None:  # the input pipeline alone: nothing trained or written
         return {"benchmark_loader": measure_loader(batches_of, cfg.benchmark_loader, device), "world_size": world}

@@ -104,18 +104,34 @@ class Erasing(Dataset):
 
 def read_rgb_tensor(path: str) -> torch.Tensor:
     """uint8 (3, H, W): torchvision.io.decode_image on the file's bytes (libjpeg-turbo for JPEG;
-    PNG, WebP, GIF too), converted to RGB."""
+    PNG, WebP, GIF too), converted to RGB. An unreadable file: ValueError naming it."""
     from torchvision.io import ImageReadMode, decode_image, read_file
 
-    return decode_image(read_file(path), mode=ImageReadMode.RGB)
+    try:
+        return decode_image(read_file(path), mode=ImageReadMode.RGB)
+    except RuntimeError as exc:  # torchvision's C++ errors: "read_file, <source>:83, Expected a non empty file"
+        raise _unreadable(path, str(exc).strip().splitlines()[-1].rsplit(", ", 1)[-1]) from None
 
 
 def read_rgb_pil(path: str):
     """A PIL RGB image, as torchvision's ImageFolder loads one."""
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
-    with open(path, "rb") as f:
-        return Image.open(f).convert("RGB")
+    try:
+        with open(path, "rb") as f:
+            return Image.open(f).convert("RGB")
+    except (UnidentifiedImageError, OSError) as exc:
+        raise _unreadable(path, str(exc)) from None
+
+
+class UnreadableImage(ValueError):
+    """A file of the dataset that is not an image the decoder can read (empty, truncated, another
+    format): no restart fixes it, so a ValueError (one line, exit 2). One argument, the message,
+    as DataLoader re-raises a worker's exception by its type and message."""
+
+
+def _unreadable(path: str, why: str) -> UnreadableImage:
+    return UnreadableImage(f"cannot read the image {path}: {why}; remove or replace the file")
 
 
 def read_bytes(path: str) -> torch.Tensor:

@@ -123,6 +123,16 @@ class DeviceDecode:
         return torch.stack(out)
 
 
+def worker_error_line(message: str) -> str:
+    """The error itself out of what DataLoader re-raises for a worker ("Caught ValueError in
+    DataLoader worker process 0.", the worker's traceback, then "ValueError: <message>"): its
+    message; any other message as it is."""
+    lines = message.strip().splitlines()
+    if not (lines and lines[0].startswith("Caught ") and "DataLoader worker" in lines[0]):
+        return message
+    return lines[-1].split(": ", 1)[-1]
+
+
 class DeviceBatches:
     """The batches of `loader` prepared by `stage`, one ahead: while step k runs, batch k+1 is
     copied and prepared. On CUDA the copy and preparation run on a side stream (pinned memory
@@ -149,7 +159,10 @@ class DeviceBatches:
             ready = following
 
     def _prepare(self, batches, stream):
-        batch = next(batches, None)
+        try:
+            batch = next(batches, None)
+        except (ValueError, FileNotFoundError) as exc:  # bad input, raised in a loader worker
+            raise type(exc)(worker_error_line(str(exc))) from None
         if batch is None:
             return None
         if stream is None:

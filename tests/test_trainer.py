@@ -604,7 +604,7 @@ BAD_VALUES = {
     "straggler_every": ["0"], "straggler_threshold": ["0", "nan"], "profile_steps": ["-1"],
     "tensorboard": ["maybe"], "progress": ["maybe"], "max_steps": ["0"], "device": ["tpu"], "nproc": ["0"],
     "timeout": ["0", "nan", "inf"], "apply_changes": ["maybe"], "pg_timeout": ["0", "nan"],
-    "pg_init_timeout": ["-1", "inf"], "evaluate": ["maybe"], "sync_bn": ["maybe"],
+    "pg_init_timeout": ["-1", "inf"], "loader_timeout": ["0", "nan"], "evaluate": ["maybe"], "sync_bn": ["maybe"],
     "init_from": ["/no/such/file", "FILE/below"], "stop_check_every": ["0"], "parallel": ["zero3"],
     "reshard_after_forward": ["maybe"], "cpu_offload": ["maybe"], "export": ["FILE/below", "/no/such/folder/w.pt"],
     "decode": ["gpu"], "train_crop_size": ["4", "abc", "176"], "val_resize_size": ["0", "232"],

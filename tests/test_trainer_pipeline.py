@@ -381,3 +381,54 @@ def test_a_step_that_is_not_logged_reads_nothing_back_from_the_device(tmp_path):
         reads = {s: counts.get(s, {}) for s in quiet if counts.get(s)}
         assert not reads, f"rank {rank}: steps that log nothing read the device: {reads}"
         assert counts.get(5) and counts.get(10), f"rank {rank}: the logged steps read nothing? {counts}"
+
+
+# ---------------------------------------------------------------- a stuck loader worker
+
+
+def _run_on_folder(out: Path, root: Path, *extra: str):
+    import os
+    import subprocess
+    import sys
+
+    from test_trainer import ENV, MODULE, ROOT
+
+    return subprocess.run([sys.executable, "-m", MODULE, "--nproc", "1", "--output-dir", str(out), "--dataset",
+                           "imagenet", "--data-root", str(root), "--image-size", "32", "--model", "cnn",
+                           "--global-batch", "7", "--epochs", "1", "--workers", "1", "--progress", "false", *extra],
+                          cwd=ROOT, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=120)
+
+
+def _error_lines(proc) -> list[str]:
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.parametrize("decode", ["tensor", "pil"])
+def test_an_unreadable_image_is_one_line_naming_it_and_the_run_ends(tmp_path, decode):
+    """An empty .jpg in the training folder, read by a loader worker: exit 2 (no restart fixes
+    it) with one line naming the file, and the run ends: a rank leaving with an error must not
+    wait on its workers, which ignore SIGTERM (subprocess.run waits for every holder of its
+    pipes, so a worker left behind fails this test by its timeout)."""
+    root = _folder(tmp_path / "data")
+    (root / "train" / "b" / "empty.jpg").write_bytes(b"")
+    proc = _run_on_folder(tmp_path / "run", root, "--decode", decode)
+    errors = _error_lines(proc)
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
+    assert "cannot read the image" in errors[0] and "empty.jpg" in errors[0], errors
+
+
+def test_a_loader_worker_stuck_on_a_file_ends_the_attempt_in_one_line(tmp_path):
+    """One "image" is a named pipe nobody writes: the worker that opens it (--decode pil opens
+    the file; torchvision's read_file would refuse a file of size 0) blocks for good, as on a
+    network file system that stopped answering. The run must end after --loader-timeout
+    with one line naming the loader (exit 1: torchrun would restart it), and no worker may
+    outlive it (subprocess.run waits for every holder of its pipes)."""
+    import os
+
+    root = _folder(tmp_path / "data")
+    os.mkfifo(root / "train" / "a" / "stuck.jpg")
+    proc = _run_on_folder(tmp_path / "run", root, "--decode", "pil", "--loader-timeout", "3")
+    errors = _error_lines(proc)
+    assert proc.returncode == 1 and len(errors) == 1, proc.stderr[-3000:]
+    assert "no batch from the 1 loader worker(s) in 3 s (--loader-timeout)" in errors[0], errors

@@ -82,10 +82,40 @@ def _watch_parent(parent: int, poll_s: float) -> None:
 
 def loader_worker_init(worker_id: int) -> None:
     """DataLoader worker_init_fn: ignore the stop signals sent to the rank's process group
-    (the rank stops at a step boundary and shuts its workers down), and die with the rank."""
+    (the rank stops at a step boundary and shuts its workers down), and die with the rank.
+    The rank must call kill_workers_at_exit(): its exit would otherwise wait on them."""
     for sig in stop_signals():
         signal.signal(sig, signal.SIG_IGN)
     die_with_parent()
+
+
+_reaper = None
+
+
+def kill_workers_at_exit() -> None:
+    """Make this process SIGKILL its live multiprocessing children (its loader workers) when
+    it exits, before multiprocessing's exit hook, which SIGTERMs its daemonic children and then
+    joins them: loader_worker_init's workers ignore SIGTERM, so a rank that leaves with an
+    error before shutting them down (an exception in a worker, a timeout) would wait on them
+    forever (seen: a bad image in an ImageFolder hung the run's exit). A finalizer with an
+    exit priority runs first in that hook, in a rank (multiprocessing's child bootstrap) and
+    in a main process (atexit) alike. Idempotent."""
+    global _reaper
+    if _reaper is None:
+        import multiprocessing.util
+
+        _reaper = multiprocessing.util.Finalize(None, _kill_children, exitpriority=100)
+
+
+def _kill_children() -> None:
+    import multiprocessing
+
+    children = multiprocessing.active_children()
+    if children and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the DataLoader's handler would raise on these deaths
+    for child in children:
+        child.kill()
+        child.join(timeout=5)
 
 
 # ---------------------------------------------------------------- errors no restart can fix

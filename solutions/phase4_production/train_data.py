@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from common.data import CIFAR10_MEAN, CIFAR10_STD, DATASET_SHAPES, IMAGENET_MEAN, IMAGENET_STD, get_dataset
 from solutions.phase4_production.elastic import ElasticSampler, rank_share
-from solutions.phase4_production.lifecycle import loader_worker_init
+from solutions.phase4_production.lifecycle import kill_workers_at_exit, loader_worker_init
 from solutions.phase4_production import train_augment
 
 
@@ -199,23 +199,32 @@ def collate(batch: list):
     return default_collate(batch)
 
 
-def train_loader(dataset: Dataset, batches: RankBatches, seed: int, workers: int, pin_memory: bool) -> DataLoader:
+def train_loader(dataset: Dataset, batches: RankBatches, seed: int, workers: int, pin_memory: bool,
+                 timeout: float = 0.0) -> DataLoader:
     """The training DataLoader over `batches`. Its own generator: creating an iterator draws
     the workers' base seed from it, never from the global RNG a checkpoint restores. Its
-    workers ignore stop signals and die with the rank (lifecycle.loader_worker_init)."""
+    workers ignore stop signals and die with the rank (lifecycle.loader_worker_init).
+    `timeout` (seconds, with workers): a batch that takes longer raises DataLoader's
+    RuntimeError "DataLoader timed out after N seconds"; 0 waits forever."""
+    if workers > 0:
+        kill_workers_at_exit()
     return DataLoader(SeededSamples(dataset, seed), batch_sampler=batches, num_workers=workers,
                       pin_memory=pin_memory, persistent_workers=workers > 0, collate_fn=collate,
-                      generator=torch.Generator().manual_seed(seed), worker_init_fn=loader_worker_init)
+                      generator=torch.Generator().manual_seed(seed), worker_init_fn=loader_worker_init,
+                      timeout=timeout if workers > 0 else 0.0)
 
 
 def eval_loader(dataset: Dataset, rank: int, world_size: int, batch_size: int, workers: int,
-                pin_memory: bool) -> DataLoader:
+                pin_memory: bool, timeout: float = 0.0) -> DataLoader:
     """This rank's contiguous slice of the test set, unshuffled and unpadded (the ranks'
-    correct counts and totals are summed, so every test sample counts exactly once)."""
+    correct counts and totals are summed, so every test sample counts exactly once).
+    `timeout`: as train_loader's."""
     from common.split import balanced_ranges
 
+    if workers > 0:
+        kill_workers_at_exit()
     part = balanced_ranges(len(dataset), world_size, "test samples")[rank]
     subset = torch.utils.data.Subset(dataset, list(part))
     return DataLoader(subset, batch_size=batch_size, num_workers=workers, pin_memory=pin_memory,
                       persistent_workers=workers > 0, generator=torch.Generator().manual_seed(0),
-                      collate_fn=collate, worker_init_fn=loader_worker_init)
+                      collate_fn=collate, worker_init_fn=loader_worker_init, timeout=timeout if workers > 0 else 0.0)
