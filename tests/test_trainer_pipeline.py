@@ -404,18 +404,22 @@ def _error_lines(proc) -> list[str]:
     return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
 
 
-@pytest.mark.parametrize("decode", ["tensor", "pil"])
-def test_an_unreadable_image_is_one_line_naming_it_and_the_run_ends(tmp_path, decode):
+def test_an_unreadable_image_is_one_line_naming_it_and_the_run_ends(tmp_path):
     """An empty .jpg in the training folder, read by a loader worker: exit 2 (no restart fixes
     it) with one line naming the file, and the run ends: a rank leaving with an error must not
     wait on its workers, which ignore SIGTERM (subprocess.run waits for every holder of its
-    pipes, so a worker left behind fails this test by its timeout)."""
+    pipes, so a worker left behind fails this test by its timeout). --decode pil's reader
+    says the same, called directly."""
+    from solutions.phase4_production.train_augment import UnreadableImage, read_rgb_pil
+
     root = _folder(tmp_path / "data")
     (root / "train" / "b" / "empty.jpg").write_bytes(b"")
-    proc = _run_on_folder(tmp_path / "run", root, "--decode", decode)
+    proc = _run_on_folder(tmp_path / "run", root)
     errors = _error_lines(proc)
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
     assert "cannot read the image" in errors[0] and "empty.jpg" in errors[0], errors
+    with pytest.raises(UnreadableImage, match="empty.jpg"):
+        read_rgb_pil(str(root / "train" / "b" / "empty.jpg"))
 
 
 def test_a_loader_worker_stuck_on_a_file_ends_the_attempt_in_one_line(tmp_path):
@@ -428,7 +432,7 @@ def test_a_loader_worker_stuck_on_a_file_ends_the_attempt_in_one_line(tmp_path):
 
     root = _folder(tmp_path / "data")
     os.mkfifo(root / "train" / "a" / "stuck.jpg")
-    proc = _run_on_folder(tmp_path / "run", root, "--decode", "pil", "--loader-timeout", "3")
+    proc = _run_on_folder(tmp_path / "run", root, "--decode", "pil", "--loader-timeout", "2")
     errors = _error_lines(proc)
     assert proc.returncode == 1 and len(errors) == 1, proc.stderr[-3000:]
-    assert "no batch from the 1 loader worker(s) in 3 s (--loader-timeout)" in errors[0], errors
+    assert "no batch from the 1 loader worker(s) in 2 s (--loader-timeout)" in errors[0], errors
