@@ -103,12 +103,11 @@ def make_loader(name: str, root: Path, crop: int, batch: int, workers: int, batc
     from torchvision import datasets
 
     from common.data import IMAGENET_MEAN, IMAGENET_STD
-    from solutions.phase4_production.lifecycle import loader_worker_init
     from solutions.phase4_production.train_augment import imagenet
-    from solutions.phase4_production.train_data import SeededSamples, collate
+    from solutions.phase4_production.train_data import SeededSamples, collate, worker_options
     from solutions.phase4_production.train_loader import InputStage
 
-    options = dict(num_workers=workers, persistent_workers=workers > 0, worker_init_fn=loader_worker_init)
+    options = worker_options(workers)
     if name == "torchvision":
         data = datasets.ImageFolder(str(root / "train"), transform=_old_transform(crop))
         sampler = torch.utils.data.RandomSampler(data, num_samples=batches * batch)  # epoch after epoch

@@ -199,32 +199,36 @@ def collate(batch: list):
     return default_collate(batch)
 
 
+def worker_options(workers: int, timeout: float = 0.0) -> dict:
+    """The DataLoader options of the trainer's loaders: `workers` persistent worker processes
+    that ignore stop signals and die with the rank (lifecycle.loader_worker_init), killed when
+    this process exits (lifecycle.kill_workers_at_exit: its exit would wait on them), and
+    `timeout` (seconds, with workers): a batch that takes longer raises DataLoader's
+    RuntimeError "DataLoader timed out after N seconds"; 0 waits forever."""
+    if workers == 0:
+        return {"num_workers": 0}
+    kill_workers_at_exit()
+    return {"num_workers": workers, "persistent_workers": True, "worker_init_fn": loader_worker_init,
+            "timeout": timeout}
+
+
 def train_loader(dataset: Dataset, batches: RankBatches, seed: int, workers: int, pin_memory: bool,
                  timeout: float = 0.0) -> DataLoader:
     """The training DataLoader over `batches`. Its own generator: creating an iterator draws
-    the workers' base seed from it, never from the global RNG a checkpoint restores. Its
-    workers ignore stop signals and die with the rank (lifecycle.loader_worker_init).
-    `timeout` (seconds, with workers): a batch that takes longer raises DataLoader's
-    RuntimeError "DataLoader timed out after N seconds"; 0 waits forever."""
-    if workers > 0:
-        kill_workers_at_exit()
-    return DataLoader(SeededSamples(dataset, seed), batch_sampler=batches, num_workers=workers,
-                      pin_memory=pin_memory, persistent_workers=workers > 0, collate_fn=collate,
-                      generator=torch.Generator().manual_seed(seed), worker_init_fn=loader_worker_init,
-                      timeout=timeout if workers > 0 else 0.0)
+    the workers' base seed from it, never from the global RNG a checkpoint restores. Workers
+    and `timeout`: worker_options."""
+    return DataLoader(SeededSamples(dataset, seed), batch_sampler=batches, pin_memory=pin_memory, collate_fn=collate,
+                      generator=torch.Generator().manual_seed(seed), **worker_options(workers, timeout))
 
 
 def eval_loader(dataset: Dataset, rank: int, world_size: int, batch_size: int, workers: int,
                 pin_memory: bool, timeout: float = 0.0) -> DataLoader:
     """This rank's contiguous slice of the test set, unshuffled and unpadded (the ranks'
     correct counts and totals are summed, so every test sample counts exactly once).
-    `timeout`: as train_loader's."""
+    Workers and `timeout`: worker_options."""
     from common.split import balanced_ranges
 
-    if workers > 0:
-        kill_workers_at_exit()
     part = balanced_ranges(len(dataset), world_size, "test samples")[rank]
     subset = torch.utils.data.Subset(dataset, list(part))
-    return DataLoader(subset, batch_size=batch_size, num_workers=workers, pin_memory=pin_memory,
-                      persistent_workers=workers > 0, generator=torch.Generator().manual_seed(0),
-                      collate_fn=collate, worker_init_fn=loader_worker_init, timeout=timeout if workers > 0 else 0.0)
+    return DataLoader(subset, batch_size=batch_size, pin_memory=pin_memory, generator=torch.Generator().manual_seed(0),
+                      collate_fn=collate, **worker_options(workers, timeout))

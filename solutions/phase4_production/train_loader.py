@@ -30,6 +30,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from common.launch import USER_ERRORS
+
 
 class InputStage:
     """A loader batch -> (x, y) on `device`, float x, as the model takes it (module docstring).
@@ -161,7 +163,7 @@ class DeviceBatches:
     def _prepare(self, batches, stream):
         try:
             batch = next(batches, None)
-        except (ValueError, FileNotFoundError) as exc:  # bad input, raised in a loader worker
+        except USER_ERRORS as exc:  # bad input, raised in a loader worker
             raise type(exc)(worker_error_line(str(exc))) from None
         if batch is None:
             return None
