@@ -9,12 +9,15 @@ the default ResNet-18 run takes.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import multiprocessing
 import os
 import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -188,6 +191,32 @@ def test_an_error_no_restart_can_fix_is_printed_once_under_torchrun(tmp_path):
     said = [line for line in output.splitlines() if "CIFAR-10 not found" in line]
     assert len(said) == 1 and said[0].startswith("error: "), f"said {len(said)} times:\n{output[-4000:]}"
     assert "solutions/phase4_production/" not in output, f"a traceback of the trainer:\n{output[-4000:]}"
+
+
+def _report_at_once(barrier, said, line: str) -> None:
+    from solutions.phase4_production.lifecycle import report_fatal
+    sys.stderr = io.StringIO()
+    barrier.wait()
+    report_fatal(line)
+    said.put(sys.stderr.getvalue().count(line))
+
+
+def test_ranks_meeting_the_same_error_at_once_say_it_once(tmp_path, monkeypatch):
+    """Every rank of a node meets a missing dataset in the same millisecond: whichever reads
+    the first one's marker must find its whole line there, not a file still being written."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ctx = multiprocessing.get_context("fork")
+    line = "error: the same line on every rank " + "x" * 4000
+    for trial in range(12):
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", f"trial{trial}")
+        barrier, said = ctx.Barrier(8), ctx.Queue()
+        ranks = [ctx.Process(target=_report_at_once, args=(barrier, said, line)) for _ in range(8)]
+        for rank in ranks:
+            rank.start()
+        counts = [said.get(timeout=60) for _ in ranks]
+        for rank in ranks:
+            rank.join(timeout=60)
+        assert sum(counts) == 1, f"trial {trial}: 8 ranks said the line {sum(counts)} times"
 
 
 def test_a_preemption_at_an_epoch_end_saves_before_evaluating(tmp_path):
