@@ -45,10 +45,12 @@ _runs: dict = {}
 
 
 def launch(out: Path, *extra: str, nproc: int = 2, faults: str = "", timeout: float = 240) -> subprocess.CompletedProcess:
-    """The trainer without torchrun (it starts its own ranks)."""
+    """The trainer without torchrun (it starts its own ranks). Its own deadline (--timeout)
+    comes first, so a hung run says where each rank was stuck before the test kills it."""
     env = {**os.environ, **ENV, "COURSE_FAULTS": faults}
     return subprocess.run([sys.executable, "-m", MODULE, "--nproc", str(nproc), "--output-dir", str(out), *FLAGS,
-                           *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+                           "--timeout", str(max(timeout - 30, 1)), *extra], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def torchrun(out: Path, *extra: str, faults: str = "", restarts: int = 3, timeout: float = 240) -> tuple[str, int]:

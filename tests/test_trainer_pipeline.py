@@ -422,17 +422,20 @@ def test_an_unreadable_image_is_one_line_naming_it_and_the_run_ends(tmp_path):
         read_rgb_pil(str(root / "train" / "b" / "empty.jpg"))
 
 
-def test_a_loader_worker_stuck_on_a_file_ends_the_attempt_in_one_line(tmp_path):
+@pytest.mark.parametrize("where, extra", [("step 1", []), ("--benchmark-loader", ["--benchmark-loader", "2"])])
+def test_a_loader_worker_stuck_on_a_file_ends_the_attempt_in_one_line(tmp_path, where, extra):
     """One "image" is a named pipe nobody writes: the worker that opens it (--decode pil opens
     the file; torchvision's read_file would refuse a file of size 0) blocks for good, as on a
     network file system that stopped answering. The run must end after --loader-timeout
-    with one line naming the loader (exit 1: torchrun would restart it), and no worker may
-    outlive it (subprocess.run waits for every holder of its pipes)."""
+    with one line naming the loader and where it waited (exit 1: torchrun would restart it),
+    in the training loop and outside it alike, and no worker may outlive it (subprocess.run
+    waits for every holder of its pipes)."""
     import os
 
     root = _folder(tmp_path / "data")
     os.mkfifo(root / "train" / "a" / "stuck.jpg")
-    proc = _run_on_folder(tmp_path / "run", root, "--decode", "pil", "--loader-timeout", "2")
+    proc = _run_on_folder(tmp_path / "run", root, "--decode", "pil", "--loader-timeout", "2", *extra)
     errors = _error_lines(proc)
     assert proc.returncode == 1 and len(errors) == 1, proc.stderr[-3000:]
-    assert "no batch from the 1 loader worker(s) in 2 s (--loader-timeout)" in errors[0], errors
+    assert errors[0].startswith(f"error: {where}: no batch from the 1 loader worker(s) in 2 s (--loader-timeout)"), \
+        errors
