@@ -766,6 +766,10 @@ def test_a_run_with_every_regulariser_on_resumes_bit_identically(base, tmp_path)
     ema = [r for r in records if r["event"] == "eval_ema"]
     assert [r["step"] for r in ema] == [STEPS] and 0 <= ema[0]["accuracy"] <= 1, ema
     assert "epoch 0: EMA test accuracy" in whole, whole[-2000:]
+    evaluated = launch(base / "regularised", *ALL_REGULARISERS, "--evaluate")
+    assert EMA_LINE.search(evaluated.stdout) and \
+        EMA_LINE.search(evaluated.stdout).group(0) == EMA_LINE.search(whole).group(0), \
+        "--evaluate did not evaluate the checkpoint's EMA as the run did:\n" + evaluated.stdout + evaluated.stderr[-2000:]
 
 
 def test_a_regularised_run_resumes_at_another_world_size(base, tmp_path):

@@ -97,6 +97,10 @@ def test_fsdp_with_every_regulariser_and_its_sharded_ema_resumes_to_the_weights_
     ddp = regularised_reference(base)
     assert fingerprint_of(output) == fingerprint_of(ddp), "fsdp with the regularisers ended on other weights"
     assert EMA_LINE.search(output).group(0) == EMA_LINE.search(ddp).group(0), "the sharded EMA differs from ddp's"
+    evaluated = launch(tmp_path, *FSDP, *ALL_REGULARISERS, "--evaluate")  # reads the sharded EMA back
+    assert EMA_LINE.search(evaluated.stdout) and \
+        EMA_LINE.search(evaluated.stdout).group(0) == EMA_LINE.search(ddp).group(0), \
+        evaluated.stdout + evaluated.stderr[-2000:]
 
 
 def test_the_other_parallels_checkpoints_are_refused_in_one_line(tmp_path):

@@ -246,8 +246,13 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler, place: dict) -> dict
     if cfg.evaluate:  # read only: no lease, no config file, no metrics
         place.update(at="--evaluate", what="the evaluation's all-reduce")
         accuracy, test_loss, top5 = evaluate(model, tests, device, dtype)
+        ema_result = None
+        if ema is not None and progress:  # the run's average, as its epoch ends evaluate it
+            ema.restore(progress)
+            ema_result = dict(zip(("accuracy", "test_loss", "top5"), evaluate(ema.module, tests, device, dtype)))
         return {"evaluated": True, "step": step, "total_steps": total_steps, "world_size": world,
-                "accuracy": accuracy, "top5": top5, "test_loss": test_loss, "fingerprint": _fingerprint(parallel),
+                "accuracy": accuracy, "top5": top5, "test_loss": test_loss, "ema": ema_result,
+                "fingerprint": _fingerprint(parallel),
                 "source": f"{source}" if progress else cfg.init_from or "the initial weights"}
     if ema is not None and progress:
         ema.restore(progress)
