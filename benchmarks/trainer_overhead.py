@@ -6,7 +6,9 @@
 Both run in the same 2-rank world, one after the other, in alternating order (bare then
 trainer, trainer then bare, ...) so that drift of a shared machine hits both alike: same model, data, global
 batch, optimizer, LR schedule and number of steps. The bare loop is what torchvision's
-reference script does: evaluate and torch.save (rank 0, in place) at every epoch's end.
+reference script does (references/classification/train.py, its epoch loop): evaluate, then
+torch.save the checkpoint twice on rank 0 (model_{epoch}.pth, and checkpoint.pth in place)
+at every epoch's end.
 The trainer runs with the same schedule of saves (epoch ends; its atomic, fsynced,
 checksummed ones) so the ratio is the cost of its machinery: the per-step SIGTERM
 agreement, the step timer, metrics, straggler gathers, per-sample seeding of the data,
@@ -107,11 +109,13 @@ def bare_ddp(cfg: TrainConfig, steps: int, warmup: int, save_folder: str) -> dic
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
             step += 1
-            if step % steps_per_epoch == 0:  # torchvision's reference: evaluate and save every epoch
+            if step % steps_per_epoch == 0:  # torchvision's reference: evaluate, then save twice, every epoch
                 evaluate(model, tests, device, dtype)
                 if rank == 0:
-                    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
-                               f"{save_folder}.epoch.pt")
+                    checkpoint = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                  "lr_scheduler": scheduler.state_dict(), "epoch": epoch, "args": vars(cfg)}
+                    torch.save(checkpoint, f"{save_folder}.model_{epoch}.pth")
+                    torch.save(checkpoint, f"{save_folder}.checkpoint.pth")
             if step >= warmup:
                 ends.append(_now(device))
             if step == steps:
