@@ -427,7 +427,6 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler, place: dict) -> dict
         with one_line_write_errors():
             writer.wait()  # the last checkpoint is on disk before the run says it is done
     ema_result = None
-    place.update(at=f"after step {step}", what="the final weights' gather")
     if preempted:  # the grace period is ticking: leave now
         accuracy = test_loss = top5 = None
     elif not history or history[-1]["step"] != step:  # stopped mid-epoch (--max-steps)
@@ -438,6 +437,7 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler, place: dict) -> dict
     else:
         accuracy, test_loss, top5 = history[-1]["accuracy"], history[-1]["test_loss"], history[-1].get("top5")
         ema_result = history[-1].get("ema")
+    place.update(at=f"after step {step}", what="the final weights' gather")
     summary = {"step": step, "total_steps": total_steps, "preempted": preempted, "world_size": world,
                "epochs_done": sampler.epoch, "accuracy": accuracy, "top5": top5, "test_loss": test_loss,
                "ema": ema_result, "history": history, "seconds": time.perf_counter() - started,
