@@ -152,12 +152,18 @@ def report_fatal(line: str) -> None:
     if marker is None:
         print(line, file=sys.stderr, flush=True)
         return
+    # Written in full under a name of its own, then linked into place: a rank that finds the
+    # marker reads the whole line (O_EXCL then write would show the others an empty file).
+    draft = marker.with_name(f"{marker.name}.{os.getpid()}")
     try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        draft.write_text(line)
+        os.link(draft, marker)
     except FileExistsError:
         if marker.read_text(errors="replace") != line:
             print(line, file=sys.stderr, flush=True)
         return
-    with os.fdopen(fd, "w") as f:
-        f.write(line)
+    except OSError:  # no hard links here: said by every rank, and restarts are not cut short
+        pass
+    finally:
+        draft.unlink(missing_ok=True)
     print(line, file=sys.stderr, flush=True)

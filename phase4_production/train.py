@@ -130,8 +130,9 @@ def train(cfg: TrainConfig) -> dict:
         dist.set_timeout(datetime.timedelta(seconds=cfg.pg_init_timeout))
     read_only = cfg.evaluate or cfg.export is not None or cfg.benchmark_loader is not None
     folder = contextlib.nullcontext() if read_only else claim_output_dir(cfg.output_dir, device)
-    with PreemptionHandler(stop_signals(), device=device) as preemption, folder:
-        return _train(cfg, preemption)
+    place = {"step": 0, "first": 0, "what": "a collective", "at": "before the first step"}  # see _named_timeouts
+    with PreemptionHandler(stop_signals(), device=device) as preemption, folder, _named_timeouts(cfg, place):
+        return _train(cfg, preemption, place)
 
 
 class OutputNotWritable(ValueError):
@@ -147,25 +148,26 @@ class CollectiveTimeout(RuntimeError):
 @contextlib.contextmanager
 def _named_timeouts(cfg: TrainConfig, place: dict) -> Iterator[None]:
     """Turn a collective's timeout (gloo raises it; NCCL's watchdog aborts the process and
-    its flight recorder says where), or the loader's, into one line naming the step and what
-    waited."""
+    its flight recorder says where), or the loader's, into one line naming the step (or
+    place["at"], outside the training loop) and what waited."""
     try:
         yield
     except RuntimeError as exc:
         if "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower():
             raise
+        at = place["at"] or f"step {place['step'] + 1}"
         if str(exc).startswith("DataLoader timed out"):  # torch.utils.data's message, workers > 0
-            raise CollectiveTimeout(f"step {place['step'] + 1}: no batch from the {cfg.workers} loader worker(s) "
+            raise CollectiveTimeout(f"{at}: no batch from the {cfg.workers} loader worker(s) "
                                     f"in {cfg.loader_timeout:g} s (--loader-timeout): a worker is stuck (a file "
                                     "system that stopped answering, a sample that never returns); this attempt "
                                     "ends, and torchrun restarts it from the newest checkpoint") from None
         limit = cfg.pg_timeout if place["step"] > place["first"] else cfg.pg_init_timeout
-        raise CollectiveTimeout(f"step {place['step'] + 1}: {place['what']} waited more than {limit:g} s "
+        raise CollectiveTimeout(f"{at}: {place['what']} waited more than {limit:g} s "
                                 f"(--pg-timeout/--pg-init-timeout) for another rank, which is stuck or dead; this "
                                 "attempt ends, and torchrun restarts it from the newest checkpoint") from None
 
 
-def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
+def _train(cfg: TrainConfig, preemption: PreemptionHandler, place: dict) -> dict:
     started = time.perf_counter()
     attempt = current_attempt()
     rank, world = attempt.rank, attempt.world_size
@@ -199,6 +201,7 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
                                       cfg.loader_timeout),
                           InputStage(device, stats, cfg.decode, False, test_crop, resize), device)  # rank 0: a largest share
     if cfg.benchmark_loader is not None:  # the input pipeline alone: nothing trained or written
+        place.update(at="--benchmark-loader", what="the loader benchmark's all-reduce")
         return {"benchmark_loader": measure_loader(batches_of, cfg.benchmark_loader, device), "world_size": world}
     total_steps = sampler.steps_per_epoch * cfg.epochs  # the schedule's length
     end = min(total_steps, cfg.max_steps) if cfg.max_steps is not None else total_steps  # where this run stops
@@ -241,9 +244,15 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
     if progress is None and cfg.init_from:
         load_weights(parallel, cfg.init_from, device)
     if cfg.evaluate:  # read only: no lease, no config file, no metrics
+        place.update(at="--evaluate", what="the evaluation's all-reduce")
         accuracy, test_loss, top5 = evaluate(model, tests, device, dtype)
+        ema_result = None
+        if ema is not None and progress:  # the run's average, as its epoch ends evaluate it
+            ema.restore(progress)
+            ema_result = dict(zip(("accuracy", "test_loss", "top5"), evaluate(ema.module, tests, device, dtype)))
         return {"evaluated": True, "step": step, "total_steps": total_steps, "world_size": world,
-                "accuracy": accuracy, "top5": top5, "test_loss": test_loss, "fingerprint": _fingerprint(parallel),
+                "accuracy": accuracy, "top5": top5, "test_loss": test_loss, "ema": ema_result,
+                "fingerprint": _fingerprint(parallel),
                 "source": f"{source}" if progress else cfg.init_from or "the initial weights"}
     if ema is not None and progress:
         ema.restore(progress)
@@ -351,11 +360,13 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
                                 "last good state")
         return value
 
+    place.update(step=step, first=step)
     if step and sampler.consumed == 0 and (not history or history[-1]["step"] != step):
+        place.update(at="the evaluation a preemption skipped", what="the evaluation's all-reduce")
         evaluate_epoch()  # a preemption at the epoch's end skipped it
 
-    place = {"step": step, "first": step, "what": "the first step"}  # where a collective may time out
-    with profiler as prof, _named_timeouts(cfg, place), writer:
+    place.update(at=None, what="the first step")  # where a collective or the loader may time out
+    with profiler as prof, writer:
         while step < end:
             batches = iter(batches_of)
             while step < end:
@@ -419,12 +430,14 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler) -> dict:
     if preempted:  # the grace period is ticking: leave now
         accuracy = test_loss = top5 = None
     elif not history or history[-1]["step"] != step:  # stopped mid-epoch (--max-steps)
+        place.update(at="the final evaluation", what="the evaluation's all-reduce")
         accuracy, test_loss, top5 = evaluate(model, tests, device, dtype)
         if ema is not None:
             ema_result = dict(zip(("accuracy", "test_loss", "top5"), evaluate(ema.module, tests, device, dtype)))
     else:
         accuracy, test_loss, top5 = history[-1]["accuracy"], history[-1]["test_loss"], history[-1].get("top5")
         ema_result = history[-1].get("ema")
+    place.update(at=f"after step {step}", what="the final weights' gather")
     summary = {"step": step, "total_steps": total_steps, "preempted": preempted, "world_size": world,
                "epochs_done": sampler.epoch, "accuracy": accuracy, "top5": top5, "test_loss": test_loss,
                "ema": ema_result, "history": history, "seconds": time.perf_counter() - started,

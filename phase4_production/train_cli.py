@@ -67,6 +67,12 @@ def choose_training_device(device: str, local_ranks: int) -> None:
                          "on the CPU")
 
 
+def _print_ema(ema: dict | None) -> None:
+    if ema:
+        top5 = f" (top-5 {ema['top5']:.2%})" if ema.get("top5") is not None else ""
+        print(f"EMA weights (--model-ema): test accuracy {ema['accuracy']:.2%}{top5}, test loss {ema['test_loss']:.4f}")
+
+
 def main(argv: list[str] | None = None) -> None:
     from common.launch import USER_ERRORS, run_or_join
 
@@ -112,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"evaluated {summary['source']} (step {summary['step']} of {summary['total_steps']}) on "
               f"{summary['world_size']} ranks: test accuracy {summary['accuracy']:.2%}{top5}, "
               f"test loss {summary['test_loss']:.4f}")
+        _print_ema(summary["ema"])
         print(f"weights sha256: {summary['fingerprint']}")
         return
     if summary["preempted"]:
@@ -125,8 +132,5 @@ def main(argv: list[str] | None = None) -> None:
     speed = f", {summary['images_per_s']:.0f} images/s" if summary["images_per_s"] else ", nothing left to train"
     print(f"test accuracy {summary['accuracy']:.2%} after {summary['epochs_done']} epochs on "
           f"{summary['world_size']} ranks ({summary['seconds']:.1f} s{speed})")
-    if summary.get("ema"):
-        ema = summary["ema"]
-        top5 = f" (top-5 {ema['top5']:.2%})" if ema.get("top5") is not None else ""
-        print(f"EMA weights (--model-ema): test accuracy {ema['accuracy']:.2%}{top5}, test loss {ema['test_loss']:.4f}")
+    _print_ema(summary.get("ema"))
     print(f"final weights sha256: {summary['fingerprint']}")

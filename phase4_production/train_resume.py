@@ -53,7 +53,8 @@ def resume_run(checkpoints: CheckpointManager, sharded: ShardedCheckpoints | Non
                 if saved is not None:
                     _check_changes(changed_hyperparameters(saved[1], cfg), cfg, checkpoints, saved[0])
                 progress = sharded.load_latest(parallel.module, optimizer, scheduler, scaler, map_location=device,
-                                               set_aside=not read_only, modules=None if read_only else modules)
+                                               set_aside=not read_only,
+                                               modules=None if cfg.export is not None else modules)
             else:
                 progress = resume(checkpoints, parallel.net, optimizer, scheduler, scaler, map_location=device)
     except (RuntimeError, KeyError, ValueError) as exc:
