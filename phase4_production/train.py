@@ -117,6 +117,12 @@ def evaluate(model: nn.Module, loader, device: torch.device,
     return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item(), top5
 
 
+def evaluate_ema(ema: nn.Module, loader, device: torch.device, dtype: torch.dtype | None) -> dict:
+    """evaluate() of the --model-ema average, as the summary, the metrics and the report carry
+    it: {"accuracy", "test_loss", "top5"}."""
+    return dict(zip(("accuracy", "test_loss", "top5"), evaluate(ema.module, loader, device, dtype)))
+
+
 # ---------------------------------------------------------------- one attempt on one rank
 
 
@@ -249,7 +255,7 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler, place: dict) -> dict
         ema_result = None
         if ema is not None and progress:  # the run's average, as its epoch ends evaluate it
             ema.restore(progress)
-            ema_result = dict(zip(("accuracy", "test_loss", "top5"), evaluate(ema.module, tests, device, dtype)))
+            ema_result = evaluate_ema(ema, tests, device, dtype)
         return {"evaluated": True, "step": step, "total_steps": total_steps, "world_size": world,
                 "accuracy": accuracy, "top5": top5, "test_loss": test_loss, "ema": ema_result,
                 "fingerprint": _fingerprint(parallel),
@@ -348,7 +354,7 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler, place: dict) -> dict
         accuracy, test_loss, top5 = evaluate(model, tests, device, dtype)
         record = {"epoch": sampler.epoch - 1, "step": step, "accuracy": accuracy, "top5": top5, "test_loss": test_loss}
         if ema is not None:
-            record["ema"] = dict(zip(("accuracy", "test_loss", "top5"), evaluate(ema.module, tests, device, dtype)))
+            record["ema"] = evaluate_ema(ema, tests, device, dtype)
         history.append(record)
         show.epoch(history[-1])
 
@@ -433,7 +439,7 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler, place: dict) -> dict
         place.update(at="the final evaluation", what="the evaluation's all-reduce")
         accuracy, test_loss, top5 = evaluate(model, tests, device, dtype)
         if ema is not None:
-            ema_result = dict(zip(("accuracy", "test_loss", "top5"), evaluate(ema.module, tests, device, dtype)))
+            ema_result = evaluate_ema(ema, tests, device, dtype)
     else:
         accuracy, test_loss, top5 = history[-1]["accuracy"], history[-1]["test_loss"], history[-1].get("top5")
         ema_result = history[-1].get("ema")

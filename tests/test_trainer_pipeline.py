@@ -387,16 +387,11 @@ def test_a_step_that_is_not_logged_reads_nothing_back_from_the_device(tmp_path):
 
 
 def _run_on_folder(out: Path, root: Path, *extra: str):
-    import os
-    import subprocess
-    import sys
+    """The trainer on the ImageFolder at `root`: one rank, one loader worker, one step per epoch."""
+    from test_trainer import launch
 
-    from test_trainer import ENV, MODULE, ROOT
-
-    return subprocess.run([sys.executable, "-m", MODULE, "--nproc", "1", "--output-dir", str(out), "--dataset",
-                           "imagenet", "--data-root", str(root), "--image-size", "32", "--model", "cnn",
-                           "--global-batch", "7", "--epochs", "1", "--workers", "1", "--progress", "false", *extra],
-                          cwd=ROOT, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=120)
+    return launch(out, "--dataset", "imagenet", "--data-root", str(root), "--image-size", "32", "--global-batch", "7",
+                  "--workers", "1", *extra, nproc=1, timeout=120)
 
 
 def _error_lines(proc) -> list[str]:
