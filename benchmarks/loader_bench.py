@@ -45,13 +45,14 @@ from benchmarks._util import OneLineParser, save_outputs  # noqa: E402
 PIPELINES = ("before", "torchvision", "pil", "tensor", "cuda")
 
 
-def write_jpegs(folder: Path, n: int, width: int, height: int) -> None:
-    """n JPEG files in ImageFolder layout (two classes), quality 90."""
+def write_jpegs(folder: Path, n: int, width: int, height: int, first: int = 0) -> None:
+    """n JPEG files in ImageFolder layout (two classes), quality 90: files first..first+n-1
+    (several processes can write one folder, each its own range)."""
     from PIL import Image
 
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(first)
     yy, xx = np.mgrid[0:height, 0:width]
-    for k in range(n):
+    for k in range(first, first + n):
         cls = folder / "train" / f"class{k % 2}"
         cls.mkdir(parents=True, exist_ok=True)
         f = 12 + k % 17

@@ -2,6 +2,7 @@
 
     python benchmarks/trainer_overhead.py                    # digits and synthetic 32x32, ResNet-18
     python benchmarks/trainer_overhead.py --cases digits --steps 40 --repeats 3 --json out.json
+    python benchmarks/trainer_overhead.py --cases resnet50_224 --nproc 1 --compile   # on a GPU
 
 Both run in the same 2-rank world, one after the other, in alternating order (bare then
 trainer, trainer then bare, ...) so that drift of a shared machine hits both alike: same model, data, global
@@ -24,6 +25,13 @@ per-step metrics lines). Two ratios come of it:
 The periodic checkpoints the trainer adds (every --checkpoint-every steps) are reported
 apart: one save of the full training state divided by the compute it protects,
 --checkpoint-every steps of the bare loop.
+
+--compile: both compiled, the pair the trainer's --compile is held to: torch.compile(DDP(model))
+with its loss and optimizer outside the graph, as torch's DDP tutorial writes it, against the
+trainer with --compile. With one rank a third loop runs in each pair, torch.compile(model)
+without DDP ("bare plain"): on one rank the trainer holds no DDP (nothing to reduce), and
+that loop is its like. Each loop compiles its own model (the inductor caches make the second
+compile of a graph cheap); the steps before --warmup hold the compilation and are left out.
 """
 
 from __future__ import annotations
@@ -50,9 +58,11 @@ from common.launch import run_world  # noqa: E402
 from common.models import build_model  # noqa: E402
 from solutions.phase4_production.checkpoint import CheckpointManager, training_state  # noqa: E402
 from solutions.phase4_production.config import TrainConfig  # noqa: E402
-from solutions.phase4_production.train import (autocast_dtype, default_nproc, evaluate, lr_schedule,  # noqa: E402
-                                                make_optimizer, train)
-from solutions.phase4_production.train_data import build_datasets, eval_loader  # noqa: E402
+from solutions.phase4_production.train import autocast_dtype, default_nproc, lr_schedule  # noqa: E402
+from solutions.phase4_production.train import evaluate as trainer_evaluate  # noqa: E402
+from solutions.phase4_production.train import make_optimizer, train  # noqa: E402
+from solutions.phase4_production.train_data import build_datasets, eval_loader, input_stats  # noqa: E402
+from solutions.phase4_production.train_loader import DeviceBatches, InputStage  # noqa: E402
 
 CASES = {
     "digits": dict(dataset="digits"),
@@ -72,10 +82,12 @@ def _now(device: torch.device) -> float:
     return time.time()
 
 
-def bare_ddp(cfg: TrainConfig, steps: int, warmup: int, save_folder: str) -> dict:
-    """The plain loop: DistributedSampler, DataLoader, DDP, the trainer's optimizer and LR
-    schedule. Returns rank 0's wall time at the end of steps warmup..steps ("ends") and the
-    seconds of one save of the trainer's full checkpoint ("save_s")."""
+def bare_ddp(cfg: TrainConfig, steps: int, warmup: int, save_folder: str, ddp: bool = True) -> dict:
+    """The plain loop: DistributedSampler, DataLoader, DDP (or the model alone: ddp=False, one
+    rank), the trainer's optimizer and LR schedule, uint8 images made floats on the device (as
+    the trainer's input stage does), torch.compile of the wrapped model with --compile.
+    Returns rank 0's wall time at the end of steps warmup..steps ("ends") and the seconds of
+    one save of the trainer's full checkpoint ("save_s")."""
     rank, world = dist.get_rank(), dist.get_world_size()
     train_set, test_set, shape, classes = build_datasets(cfg.dataset, cfg.data_root, cfg.image_size, cfg.synthetic_size)
     per_rank = cfg.global_batch // world
@@ -87,22 +99,27 @@ def bare_ddp(cfg: TrainConfig, steps: int, warmup: int, save_folder: str) -> dic
     dtype = autocast_dtype(cfg.amp, device)
     channels_last = torch.channels_last if device.type == "cuda" else torch.preserve_format
     model = build_model(cfg.model, shape, classes, seed=cfg.seed).to(device, memory_format=channels_last)
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if ddp else model
+    net = torch.compile(net) if cfg.compile else net
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     optimizer = make_optimizer(cfg, model)
     steps_per_epoch = len(train_set) // cfg.global_batch
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(steps_per_epoch, cfg.epochs,
                                                                          cfg.warmup_epochs))
     tests = eval_loader(test_set, rank, world, per_rank, cfg.workers, torch.cuda.is_available())
+    stats = input_stats(cfg.dataset, cfg.image_size)
+    mean, std = ((torch.tensor(v, device=device).view(1, -1, 1, 1) for v in stats) if stats else (0.0, 1.0))
     loss_fn = nn.CrossEntropyLoss()
     step, epoch, ends = 0, 0, []
     while step < steps:
         sampler.set_epoch(epoch)
         for x, y in loader:
             x = x.to(device, non_blocking=True, memory_format=channels_last)
+            if x.dtype == torch.uint8:
+                x = (x.float() / 255 - mean) / std
             y = y.to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                loss = loss_fn(ddp(x), y)
+                loss = loss_fn(net(x), y)
             scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
@@ -110,7 +127,7 @@ def bare_ddp(cfg: TrainConfig, steps: int, warmup: int, save_folder: str) -> dic
             scheduler.step()
             step += 1
             if step % steps_per_epoch == 0:  # torchvision's reference: evaluate, then save twice, every epoch
-                evaluate(model, tests, device, dtype)
+                evaluate(model, tests, device, dtype, stats)
                 if rank == 0:
                     checkpoint = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                                   "lr_scheduler": scheduler.state_dict(), "epoch": epoch, "args": vars(cfg)}
@@ -121,10 +138,18 @@ def bare_ddp(cfg: TrainConfig, steps: int, warmup: int, save_folder: str) -> dic
             if step == steps:
                 break
         epoch += 1
-    state = training_state(ddp, optimizer, scheduler, scaler)  # collective: every rank's RNG
+    state = training_state(model, optimizer, scheduler, scaler)  # collective: every rank's RNG
     started = time.perf_counter()
     CheckpointManager(save_folder, keep=1).save(step, state)
     return {"ends": ends, "save_s": time.perf_counter() - started}
+
+
+def evaluate(model: nn.Module, batches, device: torch.device, dtype, stats) -> None:
+    """The trainer's evaluation, on the loader's batches made floats as the bare loop's."""
+    if stats is None:
+        trainer_evaluate(model, batches, device, dtype)
+        return
+    trainer_evaluate(model, DeviceBatches(batches, InputStage(device, stats), device), device, dtype)
 
 
 def trainer_run(cfg: TrainConfig, warmup: int) -> dict:
@@ -141,25 +166,29 @@ def trainer_run(cfg: TrainConfig, warmup: int) -> dict:
     return {"ends": [times[s] for s in range(warmup, cfg.max_steps + 1)]}
 
 
-def _rank(cases: list[str], steps: int, warmup: int, repeats: int) -> dict:
+def _rank(cases: list[str], steps: int, warmup: int, repeats: int, compiled: bool) -> dict:
     results = {}
+    plain = compiled and dist.get_world_size() == 1  # the trainer's like on one rank: no DDP
     for case in cases:
-        rows = {"bare": [], "trainer": [], "save_s": []}
+        rows = {"bare": [], "trainer": [], "save_s": [], **({"bare_plain": []} if plain else {})}
         for repeat in range(repeats):
             with tempfile.TemporaryDirectory() as tmp:
                 out = [tmp]
                 dist.broadcast_object_list(out)  # one folder for the world: rank 0 writes, all read
                 cfg = replace(TrainConfig(), **CASES[case], output_dir=f"{out[0]}/run", max_steps=steps,
-                              log_every=1, checkpoint_every=10**9, progress=False, tensorboard=False)
-                if repeat % 2 == 0:  # bare first, then trainer first: a machine slowing down hurts both alike
-                    bare = bare_ddp(cfg, steps, warmup, f"{out[0]}/bare")
-                    trainer = trainer_run(cfg, warmup)
-                else:
-                    trainer = trainer_run(cfg, warmup)
-                    bare = bare_ddp(cfg, steps, warmup, f"{out[0]}/bare")
-                rows["bare"].append(bare["ends"])
-                rows["save_s"].append(bare["save_s"])
-                rows["trainer"].append(trainer.get("ends"))
+                              log_every=1, checkpoint_every=10**9, progress=False, tensorboard=False,
+                              compile=compiled)
+                loops = {"bare": lambda: bare_ddp(cfg, steps, warmup, f"{out[0]}/bare"),
+                         "trainer": lambda: trainer_run(cfg, warmup)}
+                if plain:
+                    loops["bare_plain"] = lambda: bare_ddp(cfg, steps, warmup, f"{out[0]}/plain", ddp=False)
+                order = list(loops) if repeat % 2 == 0 else list(loops)[::-1]  # drift hurts each alike
+                ran = {name: loops[name]() for name in order}
+                rows["bare"].append(ran["bare"]["ends"])
+                rows["save_s"].append(ran["bare"]["save_s"])
+                rows["trainer"].append(ran["trainer"].get("ends"))
+                if plain:
+                    rows["bare_plain"].append(ran["bare_plain"]["ends"])
                 dist.barrier()  # nobody deletes the folder while another rank still reads it
         results[case] = rows
     return results
@@ -192,13 +221,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=4, help="bare/trainer pairs per case")
     parser.add_argument("--checkpoint-every", type=int, default=20,
                         help="the checkpoint interval the save's cost is set against (the trainer's default)")
+    parser.add_argument("--compile", action="store_true",
+                        help="both loops under torch.compile (bare: torch.compile(DDP(model)); one rank: also "
+                             "torch.compile(model) alone)")
     parser.add_argument("--json", help="write the raw numbers here")
     args = parser.parse_args(argv)
     if args.warmup < 1 or args.steps <= args.warmup or args.repeats < 1:
         parser.error("need 1 <= --warmup < --steps and --repeats >= 1")
     nproc = args.nproc or default_nproc()
-    results = run_world(_rank, nproc, args=(args.cases, args.steps, args.warmup, args.repeats), timeout=3600)[0]
-    print(f"{nproc} ranks ({'GPU' if torch.cuda.is_available() else 'CPU'}); steps {args.warmup + 1}..{args.steps}, "
+    results = run_world(_rank, nproc, args=(args.cases, args.steps, args.warmup, args.repeats, args.compile),
+                        timeout=3600)[0]
+    print(f"{nproc} ranks ({'GPU' if torch.cuda.is_available() else 'CPU'}){', compiled' if args.compile else ''}; "
+          f"steps {args.warmup + 1}..{args.steps}, "
           f"{args.repeats} alternating pairs per case; both evaluate and save at epoch ends; "
           f"save/interval: one full checkpoint over {args.checkpoint_every} bare steps")
     print(f"{'case':<12}{'bare s/step':>12}{'trainer s/step':>15}{'per step':>10}{'(pairs)':>14}"
@@ -212,6 +246,12 @@ def main(argv: list[str] | None = None) -> None:
               f"{summary['step_ratio']:>10.3f}{_span(summary['step_ratios']):>14}"
               f"{summary['window_ratio']:>8.3f}{_span(summary['window_ratios']):>14}"
               f"{save:>8.3f}{summary['save_fraction']:>14.1%}")
+        if "bare_plain" in rows:  # the trainer against torch.compile(model) without DDP, the same pairs
+            plain = compare(rows["bare_plain"], rows["trainer"])
+            rows["vs_bare_plain"] = plain
+            print(f"{'  no DDP':<12}{plain['bare_step_s']:>12.3f}{plain['trainer_step_s']:>15.3f}"
+                  f"{plain['step_ratio']:>10.3f}{_span(plain['step_ratios']):>14}"
+                  f"{plain['window_ratio']:>8.3f}{_span(plain['window_ratios']):>14}")
     print("target: trainer/bare <= 1.05 (at most 5% slower). per step: ratio of median step times (steady state); "
           "window: ratio of whole spans, epoch-end work included; (pairs): lowest and highest pair")
     save_outputs(results, args.json)

@@ -200,7 +200,7 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler, place: dict) -> dict
                           cfg.workers, pin, cfg.loader_timeout)
     crop, resize, test_crop = crop_sizes(cfg.dataset, cfg.image_size, cfg.train_crop_size, cfg.val_resize_size,
                                          cfg.val_crop_size)
-    stats = input_stats(cfg.dataset)
+    stats = input_stats(cfg.dataset, cfg.image_size)
     batches_of = DeviceBatches(loader, InputStage(device, stats, cfg.decode, True, crop, resize, cfg.auto_augment),
                                device)
     tests = DeviceBatches(eval_loader(test_set, rank, world, max(plan.micro_batches(0)), cfg.workers, pin,
@@ -230,13 +230,14 @@ def _train(cfg: TrainConfig, preemption: PreemptionHandler, place: dict) -> dict
               file=sys.stderr, flush=True)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     ema = WeightsEMA.create(model, cfg, device, dtype) if cfg.model_ema else None  # before DDP's and FSDP's hooks
-    parallel = wrap_model(model, cfg.parallel, device, dtype, cfg.reshard_after_forward, cfg.cpu_offload)
-    optimizer = make_optimizer(cfg, model)  # after fully_shard, which makes the parameters DTensors
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_schedule(sampler.steps_per_epoch, cfg.epochs, cfg.warmup_epochs))
     faults = FaultInjector.from_env()
     if cfg.fail_at_step is not None:
         faults = FaultInjector([*faults.faults, Fault(cfg.fail_rank, cfg.fail_at_step, "backward")])
+    hooked = cfg.compression != "none" or any(f.phase == "allreduce" for f in faults.faults)  # DDP's hooks
+    parallel = wrap_model(model, cfg.parallel, device, dtype, cfg.reshard_after_forward, cfg.cpu_offload, hooked)
+    optimizer = make_optimizer(cfg, model)  # after fully_shard, which makes the parameters DTensors
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_schedule(sampler.steps_per_epoch, cfg.epochs, cfg.warmup_epochs))
 
     checkpoints = CheckpointManager(out / "checkpoints", keep=cfg.keep)
     sharded = ShardedCheckpoints(out / "checkpoints", keep=cfg.keep) if cfg.parallel == "fsdp" else None

@@ -5,8 +5,9 @@
 
 Plain `pytest` (and so CI) never runs them: conftest.py skips every test marked `gpu` unless
 `-m gpu` is given, and without CUDA they skip anyway. Each test uses one GPU (a world of one
-rank on NCCL: two ranks cannot share a GPU under NCCL). First and last run: one H100, 2026-11-26
-(solutions/phase4_production/README.md, "The GPU suite")."""
+rank on NCCL: two ranks cannot share a GPU under NCCL). Last run of these tests: one H100,
+2026-11-26; of the report: one H200, 2026-11-28 (solutions/phase4_production/README.md, "The GPU
+suite")."""
 
 from __future__ import annotations
 

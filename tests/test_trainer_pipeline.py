@@ -328,14 +328,25 @@ _READS = [(torch.Tensor, "item"), (torch.Tensor, "tolist"), (torch.Tensor, "cpu"
           (torch.Tensor, "__int__"), (torch.Tensor, "__bool__"), (torch.Tensor, "__index__")]
 
 
-def _count_device_reads(argv: list[str]) -> dict:
+def _count_device_reads(argv: list[str], backend: str | None = None) -> dict:
     """A rank of the trainer with every way of reading a tensor back (or waiting for the
     device) counted, per step: {step (1-based): {call: count}}. A call between begin_step(k)
-    and begin_step(k + 1) belongs to step k + 1 (its work and the boundary after it)."""
+    and begin_step(k + 1) belongs to step k + 1 (its work and the boundary after it).
+    With --compile, torch.compile runs with `backend` (aot_eager: dynamo's graphs and
+    autograd's split as inductor gets them, without inductor's code generation; what breaks
+    a graph or recompiles it is decided before the backend) and "dynamo" holds, per step
+    begun, torch._dynamo's counters so far (frames compiled, graph breaks; a private API,
+    torch 2.14.1)."""
+    from torch._dynamo.utils import counters as dynamo
+
     from solutions.phase4_production import recovery
     from solutions.phase4_production.train import train
 
+    if backend is not None:
+        compile_ = torch.compile
+        torch.compile = lambda model, **kw: compile_(model, **{**kw, "backend": backend})
     counts: dict = collections.defaultdict(collections.Counter)
+    compiled: dict = {}
     now = [0]
 
     def counted(name, original):
@@ -354,11 +365,60 @@ def _count_device_reads(argv: list[str]) -> dict:
 
     def begin_step(self, step):
         now[0] = step + 1
+        compiled[step] = _dynamo_so_far(dynamo)
         return begin(self, step)
 
     recovery.FaultInjector.begin_step = begin_step
     summary = train(parse_config(argv))
-    return {"counts": {k: dict(v) for k, v in counts.items()}, "step": summary["step"]}
+    compiled["end"] = _dynamo_so_far(dynamo)
+    return {"counts": {k: dict(v) for k, v in counts.items()}, "step": summary["step"], "dynamo": compiled}
+
+
+def _dynamo_so_far(counters) -> dict:
+    return {"frames": counters["frames"]["total"], "graphs": counters["stats"]["unique_graphs"],
+            "graph_breaks": dict(counters["graph_break"])}
+
+
+def _bare_compiled_ddp_breaks(argv: list[str], backend: str) -> dict:
+    """The graph breaks of torch.compile(DDP(model)) alone: the model the trainer builds from
+    `argv`, three steps of its micro-batches (no_sync but the last, as the trainer's step
+    calls them: where DDP breaks depends on the order of its calls), nothing of the trainer
+    around it."""
+    import contextlib
+
+    import torch.distributed as dist
+    from torch._dynamo.utils import counters as dynamo
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from common.models import build_model
+    from solutions.phase4_production.elastic import plan_batches
+    from solutions.phase4_production.train_data import build_datasets
+
+    cfg, rank = parse_config(argv), dist.get_rank()
+    torch._dynamo.reset()
+    dynamo.clear()
+    _, _, shape, classes = build_datasets(cfg.dataset, cfg.data_root, cfg.image_size, cfg.synthetic_size)
+    net = torch.compile(DDP(build_model(cfg.model, shape, classes, seed=0)), backend=backend)
+    plan = plan_batches(cfg.global_batch, dist.get_world_size(), cfg.micro_batch or cfg.global_batch)
+    slices = plan.micro_slices(rank)
+    for _ in range(3):
+        x = torch.randn(plan.shares[rank], *shape)
+        for i, (part, _weight) in enumerate(slices):
+            with net.no_sync() if i < len(slices) - 1 else contextlib.nullcontext():
+                net(x[part]).sum().backward()
+    dist.barrier()
+    return dict(dynamo["graph_break"])
+
+
+def _compiled_world(argv: list[str], backend: str) -> dict:
+    """The trainer with --compile (its counts, as _count_device_reads), then, in the same
+    world, a bare compiled DDP forward and backward of the same model (world > 1)."""
+    import torch.distributed as dist
+
+    result = _count_device_reads(argv, backend)
+    if dist.get_world_size() > 1:
+        result["bare_ddp_breaks"] = _bare_compiled_ddp_breaks(argv, backend)
+    return result
 
 
 def test_a_step_that_is_not_logged_reads_nothing_back_from_the_device(tmp_path):
@@ -381,6 +441,39 @@ def test_a_step_that_is_not_logged_reads_nothing_back_from_the_device(tmp_path):
         reads = {s: counts.get(s, {}) for s in quiet if counts.get(s)}
         assert not reads, f"rank {rank}: steps that log nothing read the device: {reads}"
         assert counts.get(5) and counts.get(10), f"rank {rank}: the logged steps read nothing? {counts}"
+
+
+_COMPILED = ["--model", "cnn", "--epochs", "1", "--global-batch", "60", "--micro-batch", "20", "--max-steps", "12",
+             "--log-every", "5", "--checkpoint-every", "100", "--straggler-every", "100", "--workers", "0",
+             "--progress", "false", "--compile", "--label-smoothing", "0.1", "--grad-clip", "1.0"]
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_compiled_step_adds_no_graph_break_recompiles_nothing_after_warm_up_and_reads_nothing(tmp_path, nproc):
+    """--compile (aot_eager here: graph breaks and recompiles are dynamo's decisions, before
+    any backend), 12 steps, 3 micro-batches per step on 2 ranks (20, 10 and 10 samples on
+    each: two batch sizes, so step 1 compiles twice). One rank: the model is one graph, no
+    break (no DDP: nothing to reduce). Two ranks: DDP's forward breaks the graph where torch
+    itself breaks it (the same breaks as torch.compile(DDP(model)) alone, counted in the same
+    world): the trainer adds none (its loss, mixing, timers and fault points are outside the
+    compiled module). Either way nothing is compiled after step 2, and the steps that log,
+    save and evaluate nothing read nothing back from the device."""
+    argv = [*_COMPILED, "--output-dir", str(tmp_path), "--mixup-alpha", "0.2", "--cutmix-alpha", "1.0"]
+    results = run_world(_compiled_world, nproc, args=(argv, "aot_eager"), timeout=240)
+    for rank, result in enumerate(results):
+        assert result["step"] == 12
+        dynamo = result["dynamo"]
+        assert dynamo[2]["frames"] == dynamo["end"]["frames"], \
+            f"rank {rank}: torch.compile compiled again after step 2: {dynamo}"
+        breaks = dynamo["end"]["graph_breaks"]
+        if nproc == 1:
+            assert not breaks and dynamo["end"]["graphs"] >= 1, f"one rank: graph breaks {breaks}"
+        else:
+            assert breaks and set(breaks) == set(result["bare_ddp_breaks"]), \
+                f"rank {rank}: the trainer's graph breaks {breaks} are not only DDP's {result['bare_ddp_breaks']}"
+        quiet = [s for s in range(3, 12) if s % 5]
+        reads = {s: result["counts"].get(s) for s in quiet if result["counts"].get(s)}
+        assert not reads, f"rank {rank}: compiled steps that log nothing read the device: {reads}"
 
 
 # ---------------------------------------------------------------- a stuck loader worker

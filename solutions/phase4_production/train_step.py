@@ -55,8 +55,13 @@ def lr_schedule(steps_per_epoch: int, epochs: int, warmup_epochs: float):
 def peak_lr(cfg: TrainConfig) -> float:
     """--lr, tuned for --reference-batch, moved to --global-batch: linearly for SGD (Goyal et
     al. 2017, the rule 3.5 derives: k times the batch, k times the step), by the square root
-    for AdamW (Malladi et al. 2022 derive the square-root rule for adaptive methods; the
-    linear rule has no justification there). Equal batches: --lr as given."""
+    for AdamW. That last is a heuristic: Malladi et al. (NeurIPS 2022)'s square-root rule for
+    Adam scales, for k times the batch, the lr by sqrt(k) AND 1 - beta1, 1 - beta2 by k and
+    eps by 1/sqrt(k); this trainer keeps betas (0.9, 0.999) and eps 1e-8, so it is their rule
+    only at k = 1 (for beta1 = 0.9 their rule has no valid beta1 beyond k = 10). Decoupled
+    weight decay (AdamW: p *= 1 - lr * wd each step) then decays sqrt(k) times more per step
+    over k times fewer steps an epoch: 1/sqrt(k) of the reference's decay per epoch unless
+    --weight-decay is raised by sqrt(k). Equal batches: --lr as given."""
     ratio = cfg.global_batch / cfg.reference_batch
     return cfg.lr * (math.sqrt(ratio) if cfg.optimizer == "adamw" else ratio)
 
@@ -112,18 +117,40 @@ def make_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
     model's order. With the defaults that is the two groups of earlier versions (ndim > 1
     decayed, the rest not), so their checkpoints still resume. With --compression dgc the
     comm hook carries SGD's momentum and weight decay (4.4, DGC's momentum correction): the
-    SGD here has neither, .grad is the update."""
+    SGD here has neither, .grad is the update.
+    On a GPU the step is torch's fused kernel (fused=True: one launch per group instead of
+    one per foreach operation, and an fp16 GradScaler's found_inf stays on the device), except
+    SGD under fsdp (torch 2.14.1's DTensor has fused Adam/AdamW rules, no fused SGD one:
+    torch/distributed/tensor/_ops/_pointwise_ops.py). The choice is kept across a resume
+    (keep_implementation)."""
     dgc = cfg.compression == "dgc"
     decay_of = weight_decays(cfg, model)
     values = list(dict.fromkeys([cfg.weight_decay, *(decay_of[id(p)] for p in model.parameters())]))
     groups = [{"params": [p for p in model.parameters() if decay_of[id(p)] == value],
                "weight_decay": 0.0 if dgc else value} for value in values]
     groups = [group for group in groups if group["params"]]
+    on_gpu = next(model.parameters()).device.type == "cuda"
+    fused = on_gpu and (cfg.optimizer == "adamw" or cfg.parallel == "ddp") or None
     if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=peak_lr(cfg))
-    if dgc:
-        return torch.optim.SGD(groups, lr=peak_lr(cfg), momentum=0.0)
-    return torch.optim.SGD(groups, lr=peak_lr(cfg), momentum=cfg.momentum, nesterov=cfg.momentum > 0)
+        optimizer = torch.optim.AdamW(groups, lr=peak_lr(cfg), fused=fused)
+    elif dgc:
+        optimizer = torch.optim.SGD(groups, lr=peak_lr(cfg), momentum=0.0, fused=fused)
+    else:
+        optimizer = torch.optim.SGD(groups, lr=peak_lr(cfg), momentum=cfg.momentum, nesterov=cfg.momentum > 0,
+                                    fused=fused)
+    optimizer.register_load_state_dict_post_hook(keep_implementation)
+    return optimizer
+
+
+def keep_implementation(optimizer: torch.optim.Optimizer) -> None:
+    """After load_state_dict: each group's kernel choice (fused, foreach) back to the one this
+    optimizer was built with. torch 2.14.1's load_state_dict takes every group entry from the
+    checkpoint, these two included, so a run resumed on a GPU from a checkpoint written on the
+    CPU (or by an earlier version) would otherwise step with the CPU's kernels."""
+    for group in optimizer.param_groups:
+        for key in ("fused", "foreach"):
+            if key in optimizer.defaults:
+                group[key] = optimizer.defaults[key]
 
 
 class NonFiniteLoss(ValueError):
@@ -154,8 +181,10 @@ class SyncPoints:
     """Where DDP's collectives end inside one forward() and one backward() call, so that
     the time a rank spends waiting for the others counts as "comm", not as its own work.
 
-    forward(): DDP first broadcasts rank 0's buffers (BatchNorm statistics; a collective
-    that waits for every rank), then calls the module: a forward pre-hook on the module marks
+    forward(): in a step's first forward DDP first broadcasts rank 0's buffers (BatchNorm
+    statistics; a collective that waits for every rank: torch 2.14.1 broadcasts in a forward
+    whose predecessor ran with gradients outside no_sync(), tests/test_claims.py), then
+    calls the module: a forward pre-hook on the module marks
     that moment (`synced`) and fires the fault injector's "forward" point. backward(): DDP
     launches each bucket's all-reduce as its gradients become ready; after this rank's last
     gradient (`last_grad`, a post-accumulate-grad hook per parameter) the rest of backward()
