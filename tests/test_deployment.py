@@ -53,7 +53,8 @@ MAX_UNUSED_S = 30
 # The NCCL watchdog, async error handling and flight recorder, set by every launch file.
 NCCL_FLAGS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
               "TORCH_NCCL_ENABLE_MONITORING": "1"}
-NCCL_COUNTS = ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC")
+# The flight recorder's size under torch 2.14's name (TORCH_NCCL_TRACE_BUFFER_SIZE is the deprecated one: it warns).
+NCCL_COUNTS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC")
 FR_DUMP_FILE = "TORCH_FR_DUMP_TEMP_FILE"
 
 

@@ -103,7 +103,10 @@ class TopKState(CompressionState):
     momentum_masking: zero the momentum at the entries sent, as the residual is zeroed
     there (DGC's momentum factor masking).
     weight_decay: a number, or a function parameter -> number (e.g. 0 for biases); added to
-    each parameter's gradient before momentum, where torch.optim.SGD adds it.
+    each parameter's gradient before momentum, where torch.optim.SGD adds it, so it is
+    compressed and delayed with the gradient (this course's choice; DGC's reference
+    implementation instead keeps it out of the compressed stream, in a dense momentum buffer
+    of its optimizer: guidelines 4.4, "Weight decay").
 
     Memory, per bucket index from start_iter on (each the bucket's shape):
         residuals[i]  v, this rank's accumulated update not sent yet:  v <- v + u

@@ -94,7 +94,8 @@ class TrainConfig:
     optimizer: str = _opt("sgd", "sgd (momentum, nesterov) or adamw", choices=OPTIMIZERS)
     lr: float = _opt(0.02, "peak learning rate for a global batch of --reference-batch")
     reference_batch: int = _opt(64, "the global batch --lr was tuned for: the lr scales by global_batch / this "
-                                    "(sgd, the linear rule) or its square root (adamw)")
+                                    "(sgd, the linear rule) or its square root (adamw: a heuristic, the lr alone; "
+                                    "betas, eps and --weight-decay are not rescaled)")
     momentum: float = _opt(0.9, "SGD momentum (nesterov)")
     weight_decay: float = _opt(5e-4, "weight decay of the weights (see the next three for norms, biases and "
                                      "embeddings)")
