@@ -53,7 +53,7 @@ Communication per step, elements each rank sends (ring algorithms): DP's all-red
 2Ψ(N-1)/N = a reduce-scatter plus an all-gather; stage 2 is exactly those two; stage 1
 all-reduces then broadcasts every parameter from its owner (a broadcast sends the whole
 tensor: 2Ψ(N-1)/N + Ψ); stage 3 all-gathers twice and reduce-scatters once: 1.5x DP. On
-gloo (torch 2.14) reduce_scatter_tensor runs an all-reduce inside and keeps one chunk
+gloo (torch 2.14) reduce_scatter_single runs an all-reduce inside and keeps one chunk
 (all-reduce's traffic); NCCL runs a real ring reduce-scatter.
 
 `zero_state_bytes` gives the bytes per rank, padding included; common.measure's
@@ -258,7 +258,7 @@ class ZeroStage2(ShardedOptimizer):
     @torch.no_grad()
     def _grad_ready(self, p: nn.Parameter) -> None:
         """Hook: p.grad holds p's whole gradient of this backward pass."""
-        raise NotImplementedError("TODO 2.4: self.shard[p].grad (None: from zero) += this rank's slice of (the sum over ranks of p.grad, padded like self.flat[p]) / N; then p.grad is None. Collective: dist.reduce_scatter_tensor")
+        raise NotImplementedError("TODO 2.4: self.shard[p].grad (None: from zero) += this rank's slice of (the sum over ranks of p.grad, padded like self.flat[p]) / N; then p.grad is None. Collective: dist.reduce_scatter_single")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The next backward accumulates from zero, in the model's gradients and in my slices'."""
@@ -268,7 +268,7 @@ class ZeroStage2(ShardedOptimizer):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = self._evaluate(closure)
         self._sync_hyperparameters()
-        raise NotImplementedError("TODO 2.4: self.optim steps my slices (their .grad: what the hooks reduced); then every rank holds every parameter's updated slices. Collective: dist.all_gather_into_tensor (its input: a copy of my slice, or my slice of its output itself, in place)")
+        raise NotImplementedError("TODO 2.4: self.optim steps my slices (their .grad: what the hooks reduced); then every rank holds every parameter's updated slices. Collective: dist.all_gather_single (its input: a copy of my slice, or my slice of its output itself, in place)")
         return loss
 
 
@@ -510,7 +510,7 @@ class ZeroStage3(nn.Module):
     @torch.no_grad()
     def reduce_gradients(self, unit: FlatParams) -> None:
         """Add the rank-average of the unit's gradients (None = zeros) to unit.shard.grad; free every full .grad."""
-        raise NotImplementedError("TODO 2.4: unit.shard.grad (None: from zero) += this rank's slice of (the sum over ranks of the unit's flat gradient, in the shard's dtype) / N; then every .grad of unit.params is None. Collective: dist.reduce_scatter_tensor (unit.flat_grad() builds its input)")
+        raise NotImplementedError("TODO 2.4: unit.shard.grad (None: from zero) += this rank's slice of (the sum over ranks of the unit's flat gradient, in the shard's dtype) / N; then every .grad of unit.params is None. Collective: dist.reduce_scatter_single (unit.flat_grad() builds its input)")
 
     def backward_done(self, unit: FlatParams) -> None:
         """The unit has all the gradients this backward pass will give it."""
@@ -531,7 +531,7 @@ class ZeroStage3(nn.Module):
         gathered = {}
         for unit in self.units:
             full = unit.shard.new_empty(unit.padded)
-            dist.all_gather_into_tensor(full, unit.shard.detach())
+            dist.all_gather_single(full, unit.shard.detach())
             gathered.update(zip(unit.names, unit.split(full)))
         return {name: (gathered[name] if name in gathered else p.detach()).clone() for name, p in self.named}
 

@@ -15,12 +15,14 @@ torchrun sees nothing wrong: no process died. Two things turn that hang into a d
     # rank 2 never started collective #17 (all_reduce float32[1024]) of group [0, 1, 2, 3];
     # ranks 0, 1, 3 wait in it
 
-The recorder keeps, like NCCL's flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE entries), the
-newest `capacity` collectives this rank issued through it, each numbered per process group,
-and dumps them as plain JSON when one fails. `diagnose` lines the ranks' dumps up by those
-numbers. On gloo a wait ends on the host when the data has arrived; on NCCL a host-side wait
-only orders streams, so there use torch's own flight recorder (phase4_production/guidelines.md,
-section 4.6).
+The recorder keeps, like torch's flight recorder (TORCH_FR_BUFFER_SIZE entries, 2000 by
+default; TORCH_NCCL_TRACE_BUFFER_SIZE is its older name), the newest `capacity` collectives
+this rank issued through it, each numbered per process group, and dumps them as plain JSON
+when one fails. `diagnose` lines the ranks' dumps up by those numbers. `Work.wait(timeout)`
+bounds the wait on the host on gloo and on NCCL alike (torch 2.14.1's ProcessGroupNCCL.hpp:
+with a timeout it "will block the CPU thread until the NCCL work is completed or timed out");
+a wait without one (DDP's, FSDP's) only orders CUDA streams on NCCL, which is why NCCL has a
+watchdog and its own flight recorder (phase4_production/guidelines.md, section 4.6).
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ import torch.distributed as dist
 
 class CollectiveTimeout(RuntimeError):
     """A collective did not complete within the recorder's timeout: some rank of its group
-    never reached it (or is stuck in it). The message names the collective and says "timed out"."""
+    never reached it (or is stuck in it). Its message must contain "timed out" (what the tests
+    check, as readers of logs grep for it) and should name the collective, e.g.
+    "rank 0: collective #17 (all_reduce float32[1024]) of group [0, 1, 2, 3] timed out after 60 s"."""
 
 
 def signature(op: str, dtype: str | None, shape: list[int] | None) -> str:
@@ -55,8 +59,8 @@ class CollectiveRecorder:
         rec(collective, *args, group=None, **kwargs)
 
     issues `collective(*args, group=group, async_op=True, **kwargs)` (any torch.distributed
-    collective that takes `group` and `async_op`: all_reduce, broadcast, all_gather_into_tensor,
-    reduce_scatter_tensor, barrier, ...; pass the group by keyword) and returns once it has
+    collective that takes `group` and `async_op`: all_reduce, broadcast, all_gather_single,
+    reduce_scatter_single, barrier, ...; pass the group by keyword) and returns once it has
     completed. Before issuing, it records an entry:
 
         {"seq": n,             # this collective's number on its group: 0, 1, 2, ... per group
@@ -69,8 +73,10 @@ class CollectiveRecorder:
     If it has not completed after `timeout` seconds, the recorder writes the dump to
     `dump_path` ("{rank}" in it becomes this rank; nothing written when None), then raises
     CollectiveTimeout. An error of the collective itself (invalid arguments, a peer's
-    connection closed) is dumped too and then propagates unchanged. Either way the entry
-    stays "started".
+    connection closed) is dumped too and then propagates unchanged (the same exception, not
+    a CollectiveTimeout). Either way the entry stays "started". How to tell them apart: the
+    backend's own message says "timed out" (gloo: "Timed out waiting 3000ms for recv",
+    "Operation timed out!"; NCCL: "... timed out in blocking wait.").
 
     `dump()` returns this rank's record as plain JSON data (a copy):
 
@@ -131,7 +137,23 @@ def diagnose(dumps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     "issued" count). A rank whose entry #seq has left its ring buffer is neither blamed nor
     waiting. "expected" is the (op, dtype, shape) issued by most ranks holding #seq (a tie
     goes to the lowest rank's); None if no dump holds #seq any more. When some ranks never
-    started #seq, the finding is "skipped", whatever the others issued there.
+    started #seq, the finding is "skipped", whatever the others issued there, and "ranks" holds
+    only those that never started it.
+
+    "waiting": the ranks whose dump holds entry #seq with "state" "started", in rank order,
+    whatever the kind. So a rank that never started #seq never waits in it; in a mismatch
+    the odd rank waits too while its entry is "started" (a broadcast where the others
+    all-reduce leaves all four "started": waiting [0, 1, 2, 3]), and nobody waits when the
+    backend let the odd collective complete (gloo does when the byte counts agree):
+
+        {"group": [0, 1, 2, 3], "seq": 3, "kind": "mismatch", "ranks": [1], "waiting": [],
+         "expected": {"op": "all_reduce", "dtype": "float32", "shape": [4]},
+         "message": "rank 1 issued all_reduce float32[2, 2] as collective #3 of group "
+                    "[0, 1, 2, 3], where the others issued all_reduce float32[4]"}
+
+    "message": one line for a person, any wording, but it must name the collective as "#"
+    and its number ("#3"), the expected op ("all_reduce") and every rank of "ranks" by its
+    number, as both examples do; signature() names a collective the way they do.
 
     Raises ValueError when `dumps` is empty, names a rank twice, disagrees on the world
     size, or lacks a rank of the world (a dump per rank is needed, as torchfrtrace needs).

@@ -37,6 +37,11 @@ _control_of: dict[str, str] = {}  # test nodeid -> the negative control it ran a
 _deadlocked: dict[tuple[str, str | None], str] = {}
 _records: dict[str, dict] = {}  # test nodeid -> grading.failure_record (what the exercise reports need)
 _hints_shown: set[str] = set()  # TODO hints already printed in full once
+# Every graded test the session collected, in collection order, {nodeid: {"part", "selected"}}: those
+# a filter (-k, -m, --deselect) left out too, so the table says when an exercise did not run whole.
+_collected: dict[str, dict] = {}
+_uncollected: dict[str, list[str]] = {}  # exercise -> its test functions the session never collected
+_order: dict[str, int] = {}  # test nodeid -> its place in the collection
 
 
 def pytest_addoption(parser):
@@ -86,13 +91,57 @@ def pytest_generate_tests(metafunc):
             metafunc.parametrize("grade", chosen, indirect=True, ids=[c["name"] for c in chosen])
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    _order.update((item.nodeid, i) for i, item in enumerate(items))  # before any filter deselects some
     _skip_the_gpu_suite_unless_asked(config, items)
     if not _controls(config):
         return
     keep = [item for item in items if _control(item) is not None]
     config.hook.pytest_deselected(items=[item for item in items if _control(item) is None])
     items[:] = keep
+
+
+def _part(item) -> str | None:
+    """The part of its exercise a test grades: @pytest.mark.part("stage 3") (grading.py's docstring)."""
+    marker = item.get_closest_marker("part")
+    return str(marker.args[0]) if marker is not None and marker.args else None
+
+
+def pytest_deselected(items):
+    if not items or items[0].config.getoption("--controls"):
+        return
+    for item in items:
+        if grading.exercise_of_test(item.name):
+            _collected[item.nodeid] = {"part": _part(item), "selected": False}
+
+
+def pytest_collection_finish(session):
+    """What the run will grade, and what of each exercise it leaves out: deselected tests (above) and test
+    functions that were never collected (a node id named on the command line)."""
+    if _controls(session.config):
+        return
+    deselected = dict(_collected)
+    _collected.clear()
+    modules, seen = {}, set()
+    for item in session.items:
+        if grading.exercise_of_test(item.name):
+            _collected[item.nodeid] = {"part": _part(item), "selected": True}
+            seen.add(getattr(item, "originalname", item.name))
+            if getattr(item, "module", None) is not None:
+                modules[item.module.__name__] = item.module
+    for nodeid, info in deselected.items():
+        _collected.setdefault(nodeid, info)
+        seen.add(nodeid.rsplit("::", 1)[-1].split("[")[0])
+    ordered = sorted(_collected.items(), key=lambda item: _order.get(item[0], len(_order)))
+    _collected.clear()
+    _collected.update(ordered)
+    ran = {grading.exercise_of_test(n.rsplit("::", 1)[-1]) for n in _collected if _collected[n]["selected"]}
+    for module in modules.values():
+        for name, value in vars(module).items():
+            ex = grading.exercise_of_test(name)
+            if ex in ran and callable(value) and name not in seen:
+                _uncollected.setdefault(ex, []).append(name)
 
 
 def _skip_the_gpu_suite_unless_asked(config, items) -> None:
@@ -135,6 +184,8 @@ def _graded_description(config) -> str:
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
+    config.addinivalue_line("markers", "part(name): the part of its exercise that a graded test grades (a stage, "
+                                       "a schedule): the exercise table shows one row per part (tests/grading.py)")
     config._course_graded = _graded_description(config)
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
@@ -216,6 +267,9 @@ def pytest_runtest_makereport(item, call):
         _control_of[item.nodeid] = _control(item)["name"]
     if report.when == "call" and call.excinfo and _deadlocked_world(call.excinfo.value):
         _deadlocked.setdefault(_deadlock_key(item), item.nodeid.rsplit("::", 1)[-1])
+    if report.skipped:  # skipped where it cannot run (a platform): no outcome, and not missing from the run
+        _collected.pop(item.nodeid, None)
+        return
     if report.when == "call" or (report.when == "setup" and report.failed):
         todo = grading.todo_of(call.excinfo.value) if call.excinfo else None
         if todo:
@@ -264,8 +318,12 @@ def _test_listing(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _rows() -> list[dict]:
+    return grading.summarize(_outcomes, _collected, _uncollected)
+
+
 def pytest_terminal_summary(terminalreporter, config):
-    rows = grading.summarize(_outcomes)
+    rows = _rows()
     if rows and _audience(config) == "instructor":
         terminalreporter.section("tests")
         for line in _test_listing(rows):
@@ -285,11 +343,12 @@ def pytest_terminal_summary(terminalreporter, config):
 
 def pytest_unconfigure(config):
     """The table and the verdict come last, after pytest's own summary lines."""
-    rows = grading.summarize(_outcomes)
+    rows = _rows()
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if not rows or reporter is None or not hasattr(config, "_course_graded"):
         return
     reporter.write_sep("=", "exercises")
     reporter.write_line(config._course_graded)
     reporter.write_line(grading.format_table(rows))
-    reporter.write_line(grading.verdict(rows, _audience(config), config.getoption("--grade-json")), bold=True)
+    reporter.write_line(grading.verdict(rows, _audience(config), config.getoption("--grade-json"),
+                                        grading.left_out(_collected, _outcomes)), bold=True)

@@ -13,7 +13,10 @@ exercise table and a one-line verdict. The JSON file holds:
     graded      which code was graded, from where
     exercises   one row per exercise: status (pass / fail / todo), tests passed, failed,
                 todo, errors (harness errors: a rank died outside the graded code; no
-                verdict, run again), and the guidelines section
+                verdict, run again), and the guidelines section; how much of it ran
+                (collected, selected, not_run, uncollected test functions, complete: false
+                when pytest args left some of its tests out); for an exercise in parts,
+                parts: the same counts and status per part (tests/grading.py)
     counts      exercises by status: {"pass": n, "fail": n, "todo": n}
     tests       every test's outcome, {test id: "pass" | "fail" | "todo" | "error"}
     durations   every test's seconds, {test id: seconds}
@@ -25,9 +28,9 @@ import argparse
 import sys
 from pathlib import Path
 
-import pytest
-
 HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE)]  # grading.py, however this file is run
+import grading  # noqa: E402  (standard library only: it can say what to install)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkout", default=str(HERE.parent), help="learner's repository (default: this one)")
     parser.add_argument("--json", default="grades.json", help="where to write the table (default: grades.json)")
     args, pytest_args = parser.parse_known_args(argv)
+    grading.require_dependencies()
+    import pytest
     checkout = Path(args.checkout).resolve()
     if not (checkout / "phase1_data_parallel").is_dir():
         parser.error(f"{checkout} has no phase1_data_parallel/ folder: is it a checkout of this course?")

@@ -11,6 +11,35 @@ ranks in other processes can load too. Loading a learner's module rebinds whatev
 imported from *other* exercises' modules (of its own phase or of an earlier one) to the
 reference, and gives it an `__import__` that does the same for the imports its functions
 run when called, so one unfinished exercise never fails the tests of another.
+
+What a run reports (conftest.py calls the functions below):
+
+  * the table, one row per exercise that ran (`summarize`, `format_table`): PASS / FAIL /
+    TODO and tests passed of tests run. A row also says how much of the exercise ran: a
+    filter (-k, -m, --deselect, node ids) that left some of its tests out makes the row
+    "not complete" ("15 of 41 of its tests selected: ... not its verdict"), and the closing
+    line (`verdict`) then never says "all done".
+  * parts: an exercise made of parts (2.4's stages, 2.6's schedules) declares them in its
+    tests, one marker per test, and the table shows one sub-row per part:
+
+        @pytest.mark.part("stage 3")
+        def test_2_4_peak_memory_stage3(grade): ...
+
+        @pytest.mark.parametrize("schedule", [pytest.param("gpipe", marks=pytest.mark.part("GPipe")),
+                                              pytest.param("1f1b", marks=pytest.mark.part("1F1B"))])
+        def test_2_6_matches_one_process(grade, schedule): ...
+
+    Parts appear in the order their first test is collected; an exercise's tests without
+    the marker count in a part named "shared". Nothing else to register: conftest.py
+    declares the marker, and an exercise without marked tests has no sub-rows.
+  * a failing exercise's report (`exercise_report`): one line per graded function (a
+    function of the reference holding an EXERCISE region), from `blame`: a failure line
+    that opens with a function's name is that function's; one that names it elsewhere, or
+    an exception raised in it, is its or its callees' or (a method) its class's; a class
+    named is any of its methods; a header or test name naming a function is it or its
+    callees; else the report says it cannot tell. Write messages that open with the
+    function whose contract failed where the test knows it (4.6's `_whose` asks the
+    learner's helper apart to know it).
 """
 
 from __future__ import annotations
@@ -58,6 +87,8 @@ EXERCISES: dict[str, Exercise] = {
         Exercise("2.6", "Pipeline schedules", "phase2_advanced", "pipeline"),
         Exercise("2.7", "Tensor parallelism", "phase2_advanced", "tensor_parallel"),
         Exercise("2.8", "Process groups: DP over TP on a 2-D mesh", "phase2_advanced", "mesh"),
+        Exercise("2.9", "Sequence and context parallelism", "phase2_advanced", "context_parallel"),
+        Exercise("2.10", "Expert parallelism: a mixture of experts over all-to-all", "phase2_advanced", "moe"),
         Exercise("3.1", "Ring all-reduce from point-to-point messages", "phase3_multi_node", "ring"),
         Exercise("3.2", "Bucketed DDP with overlap", "phase3_multi_node", "bucketed_ddp"),
         Exercise("3.3", "Hierarchical (topology-aware) all-reduce", "phase3_multi_node", "hierarchical"),
@@ -344,25 +375,83 @@ def collective_mismatch_of(exc: BaseException | None, stderr: str) -> str | None
 # an exception of the graded code, a deadlock) or error (a harness death: see
 # harness_error_of). An error counts against the exercise but is no verdict on its code.
 STATUS_ORDER = ("fail", "todo", "pass")
+_FIELD = {"pass": "passed", "fail": "failed", "error": "errors", "todo": "todo"}
 
 
-def summarize(outcomes: dict[str, str]) -> list[dict]:
-    """Per-exercise rows from {test nodeid: 'pass'|'fail'|'error'|'todo'}."""
+def _status(row: dict) -> str:
+    return "fail" if row["failed"] or row["errors"] else "todo" if row["todo"] else "pass"
+
+
+def summarize(outcomes: dict[str, str], collected: dict[str, dict] | None = None,
+              uncollected: dict[str, list[str]] | None = None) -> list[dict]:
+    """Per-exercise rows from {test nodeid: 'pass'|'fail'|'error'|'todo'}.
+
+    `collected` (conftest.py): {nodeid: {"part": part or None, "selected": bool}} for every
+    graded test of the session, in collection order, those a filter (-k, -m, --deselect)
+    left out included; `uncollected`: {exercise: [test functions]} that the session never
+    collected (node ids named on the command line). With them a row says how many of the
+    exercise's tests ran ("collected", "not_run", "complete"), and an exercise with parts
+    (tests marked @pytest.mark.part) gets one sub-row per part, in "parts"."""
+    collected = dict(collected or {})
+    for nodeid in outcomes:
+        collected.setdefault(nodeid, {"part": None, "selected": True})
     rows: dict[str, dict] = {}
-    for nodeid, outcome in outcomes.items():
+    for nodeid, info in collected.items():
         ex_id = exercise_of_test(nodeid.rsplit("::", 1)[-1])
         if ex_id is None:
             continue
         ex = EXERCISES.get(ex_id)
         row = rows.setdefault(ex_id, {
             "exercise": ex_id, "title": ex.title if ex else "?", "guidelines": ex.guidelines if ex else "",
-            "passed": 0, "failed": 0, "errors": 0, "todo": 0,
-        })
-        row[{"pass": "passed", "fail": "failed", "error": "errors", "todo": "todo"}[outcome]] += 1
-    for row in rows.values():
+            "passed": 0, "failed": 0, "errors": 0, "todo": 0, "collected": 0, "selected": 0, "parts": {}})
+        row["collected"] += 1
+        row["selected"] += bool(info.get("selected", True))
+        part = row["parts"].setdefault(info.get("part"), {"part": info.get("part"), "passed": 0, "failed": 0,
+                                                          "errors": 0, "todo": 0, "collected": 0})
+        part["collected"] += 1
+        if nodeid in outcomes:
+            row[_FIELD[outcomes[nodeid]]] += 1
+            part[_FIELD[outcomes[nodeid]]] += 1
+    for ex_id, row in list(rows.items()):
         row["tests"] = row["passed"] + row["failed"] + row["errors"] + row["todo"]
-        row["status"] = "fail" if row["failed"] or row["errors"] else "todo" if row["todo"] else "pass"
+        if not row["tests"]:  # none of its tests ran: no row (verdict's left_out names it)
+            del rows[ex_id]
+            continue
+        row["status"] = _status(row)
+        row["not_run"] = row["collected"] - row["tests"]
+        row["uncollected"] = list((uncollected or {}).get(ex_id, []))
+        row["complete"] = not row["not_run"] and not row["uncollected"]
+        parts = row.pop("parts")
+        if any(name is not None for name in parts):  # tests without a part: the sub-row "shared"
+            row["parts"] = []
+            for name, part in parts.items():
+                part["part"] = name if name is not None else "shared"
+                part["tests"] = part["passed"] + part["failed"] + part["errors"] + part["todo"]
+                part["status"] = _status(part) if part["tests"] else "not run"
+                row["parts"].append(part)
     return [rows[k] for k in sorted(rows, key=lambda s: tuple(int(p) for p in s.split(".")))]
+
+
+def left_out(collected: dict[str, dict], outcomes: dict[str, str]) -> list[str]:
+    """Exercises that the session collected but none of whose tests ran (a filter left them out)."""
+    ran = {exercise_of_test(n.rsplit("::", 1)[-1]) for n in outcomes}
+    found = dict.fromkeys(exercise_of_test(n.rsplit("::", 1)[-1]) for n in collected)
+    return [ex for ex in found if ex is not None and ex not in ran]
+
+
+def _coverage_note(row: dict) -> str | None:
+    """What a run left out of an exercise: '15 of 125 of its tests selected: the others did not run, so
+    this is not its verdict'; None when all its tests ran."""
+    if row.get("complete", True):
+        return None
+    if row["not_run"] and row["tests"] == row["selected"]:
+        return (f"{row['tests']} of {row['collected']} of its tests selected (-k, -m, --deselect): the others "
+                "did not run, so this is not its verdict")
+    if row["not_run"]:
+        return (f"{row['tests']} of {row['collected']} of its tests ran (the run stopped before the others): "
+                "this is not its verdict")
+    return (f"{row['tests']} of its tests ran, and {len(row['uncollected'])} more test functions of it were not "
+            "collected (node ids named): this is not its verdict")
 
 
 def format_table(rows: list[dict]) -> str:
@@ -372,6 +461,13 @@ def format_table(rows: list[dict]) -> str:
     for r in rows:
         status = r["status"].upper()
         lines.append(f"{r['exercise']:<9}{status:<8}{r['passed']:>3}/{r['tests']:<3} {r['title']}")
+        for part in r.get("parts", []):
+            count = (f"0 of {part['collected']} run" if not part["tests"] else f"{part['passed']}/{part['tests']}"
+                     + (f" ({part['tests']} of {part['collected']} run)" if part["tests"] < part["collected"] else ""))
+            lines.append(f"{'':11}{part['part']:<17}{part['status'].upper():<9}{count}")
+        note = _coverage_note(r)
+        if note:
+            lines.append(f"{'':17}  {note}")
         if r["status"] == "todo":
             lines.append(f"{'':17}  read {r['guidelines']}")
         if r.get("errors"):
@@ -389,17 +485,32 @@ def test_file_of(exercise: str) -> str:
     return f"tests/test_phase{exercise.split('.')[0]}.py"
 
 
-def verdict(rows: list[dict], audience: str = "learner", json_path: str | None = None) -> str:
+def _rerun(exercise: str) -> str:
+    """The command that runs one exercise's tests. `-k 2_1` matches any name containing 2_1, 2.10's
+    tests too: where another id contains this one, the -k names the test prefix, `-k test_2_1_`."""
+    key = exercise.replace(".", "_")
+    if any(other != exercise and key in other.replace(".", "_") for other in EXERCISES):
+        key = f"test_{key}_"
+    return f"python {test_file_of(exercise)} -k {key}"
+
+
+def verdict(rows: list[dict], audience: str = "learner", json_path: str | None = None,
+            left_out: list[str] = ()) -> str:
     """The run's last line: how many exercises pass, fail, are TODO, and what to do next.
 
     audience: "learner" (python tests/test_phaseN.py), "instructor" (tests/grade.py) or
-    "reference" (pytest on the solutions)."""
+    "reference" (pytest on the solutions). `left_out`: exercises of the graded phases none
+    of whose tests ran (a filter left them all out): no "all done" while there are some."""
     if not rows:
         return "no graded exercise was run"
     n = counts(rows)
     text = f"{n['pass']}/{len(rows)} exercises pass ({n['fail']} FAIL, {n['todo']} TODO)"
     first_fail = next((r for r in rows if r["status"] == "fail"), None)
     first_todo = next((r for r in rows if r["status"] == "todo"), None)
+    partial = [r for r in rows if not r.get("complete", True)]
+    if partial:
+        text += (f", of the tests run ({', '.join(r['exercise'] for r in partial)}: "
+                 f"not all {'its' if len(partial) == 1 else 'their'} tests ran)")
     if audience == "instructor":
         return f"{text}; the table and every test's outcome are in {json_path or 'the JSON report (--grade-json)'}"
     if audience == "reference":
@@ -408,10 +519,15 @@ def verdict(rows: list[dict], audience: str = "learner", json_path: str | None =
         return f"{text}: the reference solutions pass (your own code: python tests/test_phaseN.py)"
     if first_fail:
         ex = first_fail["exercise"]
-        return (f"{text}; next: fix {ex} (its report is above), then rerun it alone: "
-                f"python {test_file_of(ex)} -k {ex.replace('.', '_')}")
+        return f"{text}; next: fix {ex} (its report is above), then rerun it alone: {_rerun(ex)}"
     if first_todo:
         return f"{text}; next: exercise {first_todo['exercise']}, read {first_todo['guidelines']}"
+    if partial:
+        ex = partial[0]["exercise"]
+        return f"{text}; for {ex}'s verdict run all its tests: {_rerun(ex)}"
+    if left_out:
+        return (f"{text}; the other exercises ({', '.join(left_out)}) did not run: "
+                f"python {test_file_of(left_out[0])}")
     return f"{text}; all done: compare your code with solutions/, then go on to the next phase"
 
 
@@ -425,21 +541,26 @@ class GradedFunction:
     name: str  # "ring_all_reduce", "ShardSampler.__iter__"
     aliases: tuple[str, ...]  # words that name it in a failure message or a test name
     calls: frozenset[str]  # the other graded functions of the exercise that it calls
+    hints: tuple[str, ...] = ()  # its regions' hints: "TODO x.y: <hint>" is what its template raises
+    owner: str | None = None  # the class of a method ("CollectiveRecorder"), None for a function
 
 
 @functools.lru_cache(maxsize=None)
 def graded_functions(exercise: str) -> tuple[GradedFunction, ...]:
     """The functions of exercise `exercise`'s reference that hold one of its EXERCISE regions,
     in file order; with the names a test may use for them (e.g. the keys of a module-level
-    dict of strategies) and which of them each calls."""
+    dict of strategies), which of them each calls, and the hints of its regions."""
     ex = EXERCISES[exercise]
     path = REPO_ROOT / "solutions" / ex.phase / f"{ex.module}.py"
     if not path.exists():
         return ()
     source = path.read_text()
     tree = ast.parse(source)
-    markers = [i for i, line in enumerate(source.splitlines(), start=1)
-               if re.match(rf"\s*# EXERCISE {re.escape(exercise)}:", line)]
+    markers = {}
+    for i, line in enumerate(source.splitlines(), start=1):
+        m = re.match(rf"\s*# EXERCISE {re.escape(exercise)}: (?P<hint>.+?)\s*$", line)
+        if m:
+            markers[i] = m["hint"]
     defs: list[tuple[str, ast.AST]] = []
 
     def visit(node: ast.AST, prefix: str) -> None:
@@ -453,17 +574,19 @@ def graded_functions(exercise: str) -> tuple[GradedFunction, ...]:
 
     visit(tree, "")
     chosen: dict[str, ast.AST] = {}
-    for line in markers:
+    hints: dict[str, list[str]] = {}
+    for line, hint in markers.items():
         around = [(n, d) for n, d in defs if d.lineno <= line <= d.end_lineno]
         if around:
             name, node = min(around, key=lambda item: item[1].end_lineno - item[1].lineno)
             chosen.setdefault(name, node)
+            hints.setdefault(name, []).append(hint)
     short = {name: name.rsplit(".", 1)[-1] for name in chosen}
     shared = {n for n in short.values() if list(short.values()).count(n) > 1}
-    # a method is named by its own name too where that is unambiguous and no plain word ("step")
+    # a method is named by its own name too where that is unambiguous and no dunder ("dump" is
+    # matched only as a call, "dump(" or "rec.dump(": see _named_in)
     aliases = {name: [name] + ([short[name]] if short[name] != name and not short[name].startswith("__")
-                               and "_" in short[name].strip("_") and short[name] not in shared else [])
-               + ([name.rsplit(".", 1)[0]] if short[name] == "__init__" and "." in name else [])
+                               and short[name] not in shared else [])
                for name in chosen}
     for node in tree.body:  # STRATEGIES = {"ring": allreduce_ring, ...}: "ring" names allreduce_ring
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
@@ -482,7 +605,7 @@ def graded_functions(exercise: str) -> tuple[GradedFunction, ...]:
                     and call.func.value.id == "self" and owner:  # self.helper(...): a method of its class
                 called.add(f"{owner}.{call.func.attr}")
         calls = frozenset(other for other in chosen if other != name and other in called)
-        result.append(GradedFunction(name, tuple(dict.fromkeys(aliases[name])), calls))
+        result.append(GradedFunction(name, tuple(dict.fromkeys(aliases[name])), calls, tuple(hints[name]), owner))
     return tuple(result)
 
 
@@ -502,16 +625,45 @@ def _levels(functions: tuple[GradedFunction, ...]) -> dict[str, int]:
     return levels
 
 
+def _reachable(names, functions: tuple[GradedFunction, ...]) -> tuple[str, ...]:
+    """`names` and every graded function they call, directly or not, in file order."""
+    by_name = {f.name: f for f in functions}
+    found, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name not in found and name in by_name:
+            found.add(name)
+            todo += by_name[name].calls
+    return tuple(f.name for f in functions if f.name in found)
+
+
 def _named_in(text: str, functions: tuple[GradedFunction, ...]) -> str | None:
-    """The graded function that `text` names first."""
+    """The graded function that `text` names first. A function's name, anywhere ("ring_all_reduce");
+    a plain word ("evaluate", a method's own name "dump") only as a call ("evaluate(", "rec.dump(");
+    a method's own name not where the text names another class that holds graded methods."""
     best = None
+    classes = {f.owner for f in functions if f.owner and re.search(rf"(?<![\w.]){re.escape(f.owner)}(?!\w)", text)}
     for f in functions:
         for alias in f.aliases:
+            method_word = f.owner is not None and alias != f.name
+            if method_word and classes and f.owner not in classes:
+                continue
             # "ring_all_reduce" anywhere; a plain word ("evaluate") only as a call, "evaluate(..."
             tail = r"(?!\w)" if "_" in alias.strip("_") or "." in alias else r"\("
-            m = re.search(rf"(?<![\w.]){re.escape(alias)}{tail}", text)
+            head = r"(?<!\w)" if method_word else r"(?<![\w.])"
+            m = re.search(rf"{head}{re.escape(alias)}{tail}", text)
             if m and (best is None or m.start() < best[0]):
                 best = (m.start(), f.name)
+    return best[1] if best else None
+
+
+def _class_named_in(text: str, functions: tuple[GradedFunction, ...]) -> str | None:
+    """The class holding graded methods that `text` names first ("ZeroStage3, rank 0: ...")."""
+    best = None
+    for owner in dict.fromkeys(f.owner for f in functions if f.owner):
+        m = re.search(rf"(?<![\w.]){re.escape(owner)}(?!\w)", text)
+        if m and (best is None or m.start() < best[0]):
+            best = (m.start(), owner)
     return best[1] if best else None
 
 
@@ -525,15 +677,115 @@ def _named_by_test(test: str, functions: tuple[GradedFunction, ...]) -> str | No
     return None
 
 
+def _todo_function(todo: str | None, test: str, functions: tuple[GradedFunction, ...]) -> str | None:
+    """The graded function whose template raised `todo` ("TODO 4.6: <its region's hint>")."""
+    hint = (todo or "").split(": ", 1)[-1]
+    return next((f.name for f in functions if hint in f.hints), None) or _named_by_test(test, functions)
+
+
+def _named_first(text: str, functions: tuple[GradedFunction, ...]) -> str | None:
+    """The graded function a line opens with ("recursive_doubling(float32, ...) on rank 2: ...",
+    "_first_divergence(group [0, 1], ...) returns ..."): the test says whose behaviour failed."""
+    named = _named_in(text, functions)
+    if named is None:
+        return None
+    head = text.lstrip()
+    aliases = next(f.aliases for f in functions if f.name == named)
+    return named if any(re.match(rf"(?:[\w.]*\.)?{re.escape(alias)}(?!\w)", head) for alias in aliases) else None
+
+
+def _suspects(names, functions: tuple[GradedFunction, ...], cleared: frozenset = frozenset()) -> tuple[str, ...]:
+    """Where a failure seen through `names` may be: them, the graded functions they call (directly or
+    not), and for a method the other graded methods of its class (their state is its state); less the
+    functions `cleared` (a test of their own passed), never `names` themselves."""
+    owners = {f.owner for f in functions if f.name in names and f.owner}
+    found = set(_reachable(list(names) + [f.name for f in functions if f.owner in owners], functions))
+    return tuple(f.name for f in functions if f.name in found and (f.name in names or f.name not in cleared))
+
+
+def blame(line: str, record: dict, functions: tuple[GradedFunction, ...],
+          cleared: frozenset = frozenset()) -> tuple[str | None, tuple[str, ...]]:
+    """(the graded function a failure line is about, or None; the graded functions the bug may be in).
+
+    The evidence, strongest first:
+      * the line opens with a function's name ("recursive_doubling(...) on rank 2: ..."): the
+        test says whose behaviour failed, that function alone;
+      * the line names a function elsewhere ("rank 0: ... dump() must return a copy"), or an
+        exception was raised inside one (`record["where"]`): that one, or a function it calls,
+        or (a method) another method of its class, whose state it reads;
+      * the line names a class ("ZeroStage3, rank 0: ..."): any of its graded methods;
+      * the failure's header, or the test's name, names a function: it, or what it calls, or
+        its class's other methods; then the header naming a class.
+    Functions `cleared` (a test named for them passed) are no suspects unless named. Nothing
+    names any: (None, ()), the report cannot tell."""
+    first = _named_first(line, functions)
+    if first:
+        return first, (first,)
+    header = record.get("header") or ""
+
+    def by_class(text: str):
+        owner = _class_named_in(text, functions)
+        if owner is None:
+            return None
+        methods = [f.name for f in functions if f.owner == owner]
+        return (methods[0] if len(methods) == 1 else None), _suspects(methods, functions, cleared)
+
+    for fn in (_named_in(line, functions), record.get("where")):
+        if fn:
+            return fn, _suspects([fn], functions, cleared)
+    found = by_class(line)
+    if found:
+        return found
+    for fn in (_named_in(header, functions), _named_by_test(record["test"], functions)):
+        if fn:
+            return fn, _suspects([fn], functions, cleared)
+    return by_class(header) or (None, ())
+
+
+def _function_status(f: GradedFunction, ranked: list[dict], todo: set[str], complete: bool,
+                     certain: set[str]) -> str:
+    """One function's line of the report (exercise_report)."""
+    mine = [g for g in ranked if g["function"] == f.name]
+    sure = [g for g in mine if g["suspects"] == (f.name,)]
+    if sure:
+        status = f"WRONG: {sure[0]['line']}"
+        callees = sorted(c for c in f.calls if c in certain)
+        if callees:
+            status += f" (it calls {', '.join(callees)}, which fails too: fix that first)"
+        return status
+    if mine:
+        others = [s for s in mine[0]["suspects"] if s != f.name]
+        if any(s in certain for s in others):
+            why = f"{'it fails' if len(others) == 1 else 'one of them fails'} too: fix that first"
+        else:
+            why = "what it calls, or its class's methods whose state it reads: no test tells them apart"
+        return f"WRONG, here or in {', '.join(others)} ({why}): {mine[0]['line']}"
+    if f.name in todo:
+        return "TODO"
+    failing_callees = sorted(c for c in f.calls if c in certain)
+    if failing_callees:
+        return f"no failure of its own; it calls {', '.join(failing_callees)}, which fails: fix that first"
+    through = next((g for g in ranked if f.name in g["suspects"]), None)
+    if through is not None:
+        if through["function"]:
+            return f"cannot tell: the failure of {through['function']} (above) may come from here"
+        owner = through.get("owner") or "its exercise"
+        return f"cannot tell: a failure of {owner} (below) may be here; no test names which function"
+    if any(not g["suspects"] for g in ranked):
+        return "cannot tell: the failures below name no function (the bug may be here)"
+    return "ok" if complete else "no failure in the tests run (not all its tests ran)"
+
+
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line \d+,? in (?P<func>[\w<>]+)')
 
 
 def failure_record(test: str, outcome: str, exc: BaseException | None, exercise: str) -> dict:
     """What the per-exercise report needs of one test's failure: its problem lines (all of
-    them, not the first 12 an assertion shows) and the graded function a traceback or a
-    deadlocked rank's stack was in, if any."""
+    them, not the first 12 an assertion shows), the header over them (compare.assert_no_problems),
+    and the graded function a traceback or a deadlocked rank's stack was in, if any."""
     lines: list[str] = []
     texts = [str(exc)] if exc is not None else []
+    header = getattr(exc, "header", None) if exc is not None else None
     if exc is not None and getattr(exc, "problems", None):  # compare.assert_no_problems
         lines = list(exc.problems)
     elif exc is not None and getattr(exc, "failures", None):  # a rank raised
@@ -548,8 +800,16 @@ def failure_record(test: str, outcome: str, exc: BaseException | None, exercise:
                 break  # pytest's rewriting of the assert statement: not the message
             kept.append(line.strip())
         kept = [line for line in kept if line and not re.match(r"^\.\.\. and \d+ more$", line)]
+        if getattr(exc, "stacks", None) and kept:  # a deadlock (WorldTimeout): where each rank waits, not its stack
+            waits = []
+            for line in kept[1:]:
+                if line.startswith("--- stack"):
+                    break
+                if re.match(r"rank \d+: ", line):
+                    waits.append(line)
+            kept = kept[:1] + waits
         if len(kept) > 1 and kept[0].endswith(":"):
-            kept = kept[1:]  # a header over a list of problems
+            header, kept = kept[0], kept[1:]  # a header over a list of problems
         prefix = "" if isinstance(exc, AssertionError) else f"{type(exc).__name__}: "
         lines = [prefix + (kept[0] if kept else type(exc).__name__)] + kept[1:] if prefix else kept or [text]
         texts += [str(s) for s in getattr(exc, "stacks", {}).values()]
@@ -560,7 +820,7 @@ def failure_record(test: str, outcome: str, exc: BaseException | None, exercise:
         for m in _FRAME.finditer(text or ""):
             if Path(m["file"]).name == module and m["func"] in names:
                 where = names[m["func"]]  # the innermost frame in the graded module wins
-    return {"test": test, "outcome": outcome, "lines": lines, "where": where}
+    return {"test": test, "outcome": outcome, "lines": lines, "where": where, "header": header}
 
 
 def _shape(line: str) -> str:
@@ -583,50 +843,53 @@ def _tests_text(tests: list[str]) -> str:
 
 
 def exercise_report(row: dict, records: list[dict], limit: int = 8) -> list[str]:
-    """A failing exercise's report: one line per graded function (ok, TODO, or what is wrong),
-    then each kind of failure message once (the same message on other world sizes, ranks,
-    dtypes or shapes collapsed into it), the most specific first: a function's failure
-    before those of the functions that call it, so the cause comes before its echoes."""
+    """A failing exercise's report: one line per graded function, then each kind of failure
+    message once (the same message on other world sizes, ranks, dtypes or shapes collapsed into
+    it), the most specific first: a function's failure before those of the functions that call
+    it, so the cause comes before its echoes.
+
+    A function's line says what the failures say of it (`blame`): WRONG (a failure is its,
+    or is its or a function's it calls, which no test checks apart), TODO (its template
+    raised), "cannot tell" (a failure that may be its: it is called by a failing function, or
+    the failure names only its class, or no function at all), ok (no failure can be its)."""
     exercise = row["exercise"]
     functions = graded_functions(exercise) if exercise in EXERCISES else ()
     levels = _levels(functions)
     groups: dict[tuple, dict] = {}
     todo: set[str] = set()
     order = 0
+    # a function a passing test is named for, and no failing one: checked on its own, no suspect
+    named = {(record["outcome"] == "pass", _named_by_test(record["test"], functions)) for record in records}
+    cleared = frozenset(fn for ok, fn in named if ok and fn and (False, fn) not in named)
+    by_test = {record["test"]: record for record in records}
     for record in records:
+        skipped = re.match(r"not run: (\S+) deadlocked", (record["lines"] or [""])[0])
+        if skipped and skipped[1] in by_test:  # conftest.py's short cut: the deadlocked test's blame is its
+            record = {**record, "where": by_test[skipped[1]]["where"], "header": by_test[skipped[1]].get("header")}
         if record["outcome"] == "todo":
-            todo.add(_named_by_test(record["test"], functions) or "")
+            todo.add(_todo_function(record.get("todo"), record["test"], functions) or "")
             continue
         if record["outcome"] not in ("fail", "error"):
             continue
         for line in record["lines"] or [f"{record['test']} failed"]:
-            fn = _named_in(line, functions) or record["where"] or _named_by_test(record["test"], functions)
-            group = groups.setdefault((fn, _shape(line)), {"function": fn, "line": line, "count": 0, "tests": [],
-                                                          "order": order})
+            fn, suspects = blame(line, record, functions, cleared)
+            owner = next((f.owner for f in functions if f.name in suspects and f.owner), None) if not fn else None
+            group = groups.setdefault((fn, suspects, _shape(line)), {
+                "function": fn, "suspects": suspects, "owner": owner, "line": line, "count": 0, "tests": [],
+                "order": order})
             order += 1
             group["count"] += 1
             if record["test"] not in group["tests"]:
                 group["tests"].append(record["test"])
     ranked = sorted(groups.values(), key=lambda g: (levels.get(g["function"], len(functions)) if g["function"]
-                                                     else len(functions) + 1, g["order"]))
-    failing = {g["function"] for g in ranked if g["function"]}
-    unnamed = any(g["function"] is None for g in ranked)
-    lines = [f"{exercise} {row['title']}: {row['status'].upper()}, {row['passed']} of {row['tests']} tests pass"]
+                                                     else len(functions) + (1 if g["suspects"] else 2), g["order"]))
+    certain = {g["function"] for g in ranked if g["function"] and g["suspects"] == (g["function"],)}
+    complete = row.get("complete", True)
+    lines = [f"{exercise} {row['title']}: {row['status'].upper()}, {row['passed']} of {row['tests']} tests pass"
+             + ("" if complete else f" ({row['tests']} of {row.get('collected', row['tests'])} of its tests ran)")]
     width = max((len(f.name) for f in functions), default=0)
     for f in functions:
-        mine = [g for g in ranked if g["function"] == f.name]
-        if mine:
-            status = f"WRONG: {mine[0]['line']}"
-            callees = sorted(c for c in f.calls if c in failing)
-            if callees:
-                status += f" (it calls {', '.join(callees)}, which fails too: fix that first)"
-        elif f.name in todo:
-            status = "TODO"
-        elif unnamed:
-            status = "no failure names it (see the failures below that name no function)"
-        else:
-            status = "ok"
-        lines.append(f"  {f.name:<{width}}  {status}")
+        lines.append(f"  {f.name:<{width}}  {_function_status(f, ranked, todo, complete, certain)}")
     if ranked:
         lines.append("  failures, most specific first (one line per kind of message; "
                      "other world sizes, ranks and cases collapsed into it):")
@@ -659,10 +922,46 @@ def write_json(path: Path, rows: list[dict], outcomes: dict[str, str], graded: s
     Path(path).write_text(json.dumps(report, indent=2) + "\n")
 
 
+# What grading imports besides the standard library (pyproject.toml: the dependencies and the dev extra).
+REQUIRED = ("pytest", "hypothesis", "torch", "torchvision", "numpy", "tqdm")
+
+
+def missing_dependencies(names=REQUIRED) -> list[str]:
+    """The modules of `names` that this Python cannot import (found without importing them)."""
+    missing = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a broken install, or hidden (None in sys.modules)
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def install_command() -> str:
+    """The one command that installs what grading needs, into the Python that is running."""
+    return f'{sys.executable} -m pip install -e "{REPO_ROOT}[dev]"'
+
+
+def require_dependencies() -> None:
+    """Before grading (tests/test_phaseN.py as a script, tests/grade.py): if a dependency is
+    missing, one line on stderr with the command that installs it, and exit 2; no traceback."""
+    missing = missing_dependencies()
+    if not missing:
+        return
+    cpu = (" (on a machine without an NVIDIA GPU add --extra-index-url https://download.pytorch.org/whl/cpu: "
+           "README.md, Quick start)") if {"torch", "torchvision"} & set(missing) else ""
+    sys.stderr.write(f"cannot grade: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed in "
+                     f"this Python; install the course's dependencies with: {install_command()}{cpu}\n")
+    raise SystemExit(2)
+
+
 def learner_main(test_file: str) -> int:
     """`python tests/test_phaseN.py [pytest args]`: grade the learner's templates. The run
     ends with the exercise table and a verdict line (printed by conftest.py after pytest's
     own summary; -rN drops pytest's list of failed tests, which the table replaces)."""
+    require_dependencies()
     import pytest
 
     args = [test_file, "--impl", "learner", "--course-runner=learner", "--tb=short", "-q", "-rN",

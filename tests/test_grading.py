@@ -223,8 +223,9 @@ def test_a_checkout_elsewhere_is_graded_from_there(tmp_path):
     hint = next(line for line in out.splitlines() if line.strip().startswith("TODO 1.1:")).strip()
     assert out.count(hint) == 1 and hint.endswith(tuple("abcdefghijklmnopqrstuvwxyz)")), out[-3000:]
     assert "YOUR CODE" not in out and "short test summary" not in out, out[-3000:]
-    assert out.strip().splitlines()[-1] == (f"1/2 exercises pass (0 FAIL, 1 TODO); the table and every test's "
-                                            f"outcome are in {report}"), out[-1000:]
+    assert out.strip().splitlines()[-1] == (f"1/2 exercises pass (0 FAIL, 1 TODO), of the tests run (1.1, 1.3: "
+                                            f"not all their tests ran); the table and every test's outcome are in "
+                                            f"{report}"), out[-1000:]
 
 
 def test_asking_for_code_that_python_did_not_load_is_an_error(tmp_path):
@@ -252,8 +253,8 @@ def test_learner_run_reports_todo_without_tracebacks(tmp_path):
     assert proc.returncode == 1
     # it ends with the table and a verdict counting TODO apart from FAIL; no pytest summary after them
     tail = out[out.rindex("exercise status"):].strip().splitlines()
-    assert tail[-1] == "0/2 exercises pass (0 FAIL, 2 TODO); next: exercise 1.1, read " \
-                       "phase1_data_parallel/guidelines.md, section 1.1", out[-1500:]
+    assert tail[-1] == "0/2 exercises pass (0 FAIL, 2 TODO), of the tests run (1.1, 1.3: not all their tests " \
+                       "ran); next: exercise 1.1, read phase1_data_parallel/guidelines.md, section 1.1", out[-1500:]
     assert "short test summary" not in out and not any(line.startswith("FAILED") for line in tail), out[-1500:]
 
 
@@ -586,3 +587,209 @@ def test_templates_that_import_another_phase_are_graded_with_its_reference():
                 assert bound is getattr(reference, alias.name), (
                     f"{template.relative_to(ROOT)}: {alias.name} from the learner's {node.module} is graded, "
                     "not the reference's")
+
+
+def test_two_digit_exercise_ids_parse_sort_and_select_alone():
+    """2.10 after 2.9: its tests are its own (test_2_10_... is not 2.1's), the table sorts it after 2.9 (not
+    after 2.1), markers and TODOs parse it, and the command that reruns 2.1 alone does not select 2.10's tests
+    (pytest's -k is a substring match: `-k 2_1` would)."""
+    assert grading.exercise_of_test("test_2_10_route_top_k[4]") == "2.10"
+    assert grading.exercise_of_test("test_2_1_scaled_loss") == "2.1"
+    rows = grading.summarize({"t::test_2_10_a": "pass", "t::test_2_9_a": "pass", "t::test_2_1_a": "pass",
+                              "t::test_2_2_a": "pass"})
+    assert [r["exercise"] for r in rows] == ["2.1", "2.2", "2.9", "2.10"]
+    source = "def f():\n    # EXERCISE 2.10: a hint\n    return 1\n    # END EXERCISE\n"
+    assert make_templates.exercise_ids(source) == {"2.10"}
+    assert "TODO 2.10: a hint" in make_templates.make_template(source)
+    assert make_templates.STUB.match('    raise NotImplementedError("TODO 2.10: a hint")')["id"] == "2.10"
+    names = _test_functions(ROOT / "tests" / "test_phase2.py")
+    for exercise in [ex for ex in grading.EXERCISES if ex.startswith("2.")]:
+        keyword = grading._rerun(exercise).rsplit(" -k ", 1)[1]
+        selected = {name for name in names if keyword in name}  # pytest -k on a plain word: a substring of the name
+        mine = {name for name in names if grading.exercise_of_test(name) == exercise}
+        assert mine and selected - {n for n in selected if not grading.exercise_of_test(n)} == mine, (
+            f"{grading._rerun(exercise)} selects {sorted(selected - mine)} too")
+    assert grading._rerun("2.1").endswith("-k test_2_1_") and grading._rerun("2.4").endswith("-k 2_4")
+
+
+# ---------------------------------------------------------------- what a run covers, by part (issue 37)
+
+_PARTS_TESTS = '''
+import pytest
+
+@pytest.mark.part("stage 1")
+def test_1_1_trains_stage1():
+    pass
+
+@pytest.mark.part("stage 1")
+def test_1_1_saves_memory_stage1():
+    pass
+
+@pytest.mark.part("stage 2")
+@pytest.mark.parametrize("world", [2, 3])
+def test_1_1_trains_stage2(world):
+    raise NotImplementedError("TODO 1.1: stage 2")
+
+def test_1_1_refuses_bad_arguments():
+    pass
+
+def test_1_1_where_it_can_run():
+    pytest.skip("needs another platform")
+
+def test_1_2_other_exercise():
+    pass
+'''
+
+
+def _run_fake(tmp_path: Path, *args: str) -> tuple[str, dict]:
+    """pytest with the course's conftest on _PARTS_TESTS, as the learner's runner: (stdout, the JSON report)."""
+    (tmp_path / "test_parts.py").write_text(_PARTS_TESTS)
+    report = tmp_path / "grades.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]), "COLUMNS": "200"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", str(tmp_path / "test_parts.py"), "-q",
+                           "-rN", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "--course-runner=learner",
+                           f"--grade-json={report}", *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=env)
+    return proc.stdout, json.loads(report.read_text())
+
+
+def test_a_filtered_run_says_what_it_left_out_and_shows_each_part(tmp_path):
+    """-k that selects one part of an exercise: its row passes, says how many of its tests ran, shows each
+    part (stage 1 PASS, stage 2 and the unmarked tests not run), and the closing line sends the learner to
+    the whole exercise instead of saying "all done". Unfiltered: each part's own status, and the row
+    complete (a test skipped on this platform is not missing)."""
+    out, got = _run_fake(tmp_path, "-k", "stage1")
+    rows = {r["exercise"]: r for r in got["exercises"]}
+    assert set(rows) == {"1.1"} and rows["1.1"]["status"] == "pass", out[-2000:]
+    row = rows["1.1"]
+    assert (row["tests"], row["collected"], row["complete"]) == (2, 6, False), row
+    assert [(p["part"], p["status"], p["tests"], p["collected"]) for p in row["parts"]] == [
+        ("stage 1", "pass", 2, 2), ("stage 2", "not run", 0, 2), ("shared", "not run", 0, 2)], row["parts"]
+    table = out[out.rindex("exercise status"):]
+    assert "2 of 6 of its tests selected" in table and "not its verdict" in table, table
+    last = out.strip().splitlines()[-1]
+    assert "all done" not in last and "1/1 exercises pass" in last and "not all its tests ran" in last, last
+    assert "-k " in last and "1_1" in last, last
+
+    out, got = _run_fake(tmp_path)  # a test that skips (another platform's) is no test left out
+    rows = {r["exercise"]: r for r in got["exercises"]}
+    assert rows["1.1"]["complete"] and rows["1.1"]["status"] == "todo", rows
+    assert [(p["part"], p["status"], p["passed"], p["tests"]) for p in rows["1.1"]["parts"]] == [
+        ("stage 1", "pass", 2, 2), ("stage 2", "todo", 0, 2), ("shared", "pass", 1, 1)], rows["1.1"]["parts"]
+    assert "parts" not in rows["1.2"] and rows["1.2"]["status"] == "pass", rows["1.2"]
+    table = out[out.rindex("exercise status"):].splitlines()
+    assert [line.split()[:3] for line in table if line.startswith("           ")][:3] == [
+        ["stage", "1", "PASS"], ["stage", "2", "TODO"], ["shared", "PASS", "1/1"]], table
+
+    rows = grading.summarize({"t.py::test_1_2_other_exercise": "pass"},
+                             {"t.py::test_1_1_a": {"part": None, "selected": False},
+                              "t.py::test_1_2_other_exercise": {"part": None, "selected": True}})
+    closing = grading.verdict(rows, left_out=grading.left_out({"t.py::test_1_1_a": {}}, {}))
+    assert "all done" not in closing and "(1.1) did not run" in closing, closing
+
+
+_PLANTED_4_6 = {  # function -> (the reference's text, the bug planted in its place)
+    "_first_divergence": ('waiting = [r for r in sorted(holders) if holders[r]["state"] != "completed"]',
+                          "waiting = [r for r in sorted(holders)]"),
+    "diagnose": ('        if d["rank"] in by_rank:\n            raise ValueError(f"two dumps of rank {d[\'rank\']}")\n',
+                 ""),
+}
+
+
+@pytest.mark.parametrize("planted", sorted(_PLANTED_4_6))
+def test_the_report_names_the_function_a_bug_was_planted_in(tmp_path, planted):
+    """One bug planted in one function of a copy of 4.6's reference (diagnose refuses no duplicate dump;
+    _first_divergence counts every holder as waiting): 4.6's diagnose tests, run in this process as
+    conftest.py runs them, give a report whose line for the planted function is WRONG and whose line for
+    the other is not: the tests ask your _first_divergence apart (tests/phase4/test_4_6_hangs.py, _whose)."""
+    import phase4.test_4_6_hangs as tests_4_6
+
+    old, new = _PLANTED_4_6[planted]
+    source = (ROOT / "solutions" / "phase4_production" / "hangs.py").read_text()
+    assert source.count(old) == 1, f"hangs.py changed: update _PLANTED_4_6[{planted!r}]"
+    path = tmp_path / f"planted_{planted.strip('_')}.py"
+    path.write_text(source.replace(old, new))
+    ref = grading.ModuleRef("4.6", "file", str(path))
+    records = []
+    for name in ("test_4_6_diagnose_names_who_diverged_and_where", "test_4_6_diagnose_refuses_incomplete_dumps",
+                 "test_4_6_diagnose_agrees_with_the_contract_on_random_dumps"):
+        try:
+            getattr(tests_4_6, name)(lambda exercise: ref)
+        except AssertionError as exc:
+            records.append(grading.failure_record(name, "fail", exc, "4.6"))
+        else:
+            records.append(grading.failure_record(name, "pass", None, "4.6"))
+    row = {"exercise": "4.6", "title": "Hung collectives", "status": "fail", "tests": len(records),
+           "passed": sum(r["outcome"] == "pass" for r in records), "complete": True}
+    lines = {line.split()[0]: line.split(None, 1)[1] for line in grading.exercise_report(row, records)[1:6]}
+    other = next(name for name in _PLANTED_4_6 if name != planted)
+    assert lines[planted].startswith("WRONG:"), (planted, lines)
+    assert not lines[other].startswith("WRONG"), (planted, lines)
+    assert not any(lines[m].startswith("WRONG") for m in lines if m.startswith("CollectiveRecorder")), lines
+
+
+def test_blame_takes_a_line_at_its_word():
+    """How a failure line is attributed: a line that opens with a function blames it alone; a method
+    named inside a line ("dump() must ...") or an exception in it blames it or its class's other
+    methods; a class names all its methods; a header or test name blames the function and its callees;
+    nothing: cannot tell."""
+    functions = grading.graded_functions("4.6")
+    record = {"test": "test_4_6_x", "where": None, "header": ""}
+    assert grading.blame("_first_divergence(group [0, 1], ...) returns x", record, functions) == \
+        ("_first_divergence", ("_first_divergence",))
+    fn, suspects = grading.blame("rank 0: after one more collective, dump() gives ...", record, functions)
+    assert fn == "CollectiveRecorder.dump" and set(suspects) == {
+        "CollectiveRecorder.__init__", "CollectiveRecorder.__call__", "CollectiveRecorder.dump"}, suspects
+    assert grading.blame("CollectiveRecorder's dumps, group [0, 1]: ...", record, functions)[0] is None
+    fn, suspects = grading.blame("a line", {**record, "test": "test_4_6_diagnose_x"}, functions)
+    assert (fn, suspects) == ("diagnose", ("diagnose", "_first_divergence")), (fn, suspects)
+    assert grading.blame("a line", record, functions) == (None, ())
+    # a TODO is the function whose region's hint it is
+    hint = next(f for f in functions if f.name == "_first_divergence").hints[0]
+    assert grading._todo_function(f"TODO 4.6: {hint}", "test_4_6_x", functions) == "_first_divergence"
+
+
+def test_the_gathered_once_control_is_named_in_its_report_and_its_stage():
+    """The negative control whose _pre_backward gathers on every output's gradient (2.4, stage 3), graded
+    as a learner's run filtered to the two stage-3 tests that count the all-gathers: the report calls
+    _pre_backward WRONG, the table shows stage 3 failing and stages 1 and 2 not run, and says the run
+    is no verdict on all of 2.4."""
+    control = ROOT / "tests" / "negative_controls" / "phase2" / "zero_stage3_gathers_for_every_output.py"
+    proc = subprocess.run([sys.executable, "tests/test_phase2.py", "-k",
+                           "test_2_4_unit_returning_a_tuple_stage3 or test_2_4_two_forwards_then_one_backward_stage3",
+                           f"--override=2.4={control}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = proc.stdout
+    report = out[out.index("2.4 ZeRO-style sharding: FAIL"):].splitlines()
+    line = next(x for x in report if x.split()[:1] == ["ZeroStage3._pre_backward"])
+    assert line.split(None, 1)[1].startswith("WRONG: _pre_backward gathers a unit that is whole already"), line
+    assert not any(x.split()[1:2] == ["WRONG:"] for x in report[1:16] if x.split()[:1] != ["ZeroStage3._pre_backward"])
+    table = out[out.rindex("exercise status"):].splitlines()
+    parts = [x.split() for x in table if x.startswith("           ")]
+    assert ["stage", "3", "FAIL", "0/2", "(2", "of", "15", "run)"] in parts, table
+    assert ["stage", "1", "NOT", "RUN", "0", "of", "13", "run"] in parts, table
+    assert "not its verdict" in "\n".join(table) and "all done" not in table[-1], table
+
+
+_HIDE_AND_RUN = """
+import runpy, sys
+for name in sys.argv[1].split(","):
+    sys.modules[name] = None  # as if not installed: importing it raises ModuleNotFoundError
+script = sys.argv[2]
+sys.argv = [script, *sys.argv[3:]]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("script,hidden", [("tests/test_phase1.py", "pytest"), ("tests/grade.py", "pytest"),
+                                           ("tests/test_phase2.py", "torch,numpy")])
+def test_grading_without_its_dependencies_says_the_install_command(script, hidden):
+    """pytest (or torch) not installed: the learner's and the instructor's runners print one line, the
+    command that installs the course into this Python, and exit 2; no ModuleNotFoundError traceback."""
+    proc = subprocess.run([sys.executable, "-c", _HIDE_AND_RUN, hidden, script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr and "ModuleNotFoundError" not in proc.stderr, proc.stderr
+    assert lines[0].startswith(f"cannot grade: {hidden.replace(',', ', ')} ") and grading.install_command() in lines[0], \
+        lines[0]
+    assert proc.stdout == "", proc.stdout[-2000:]

@@ -53,7 +53,7 @@ Communication per step, elements each rank sends (ring algorithms): DP's all-red
 2Ψ(N-1)/N = a reduce-scatter plus an all-gather; stage 2 is exactly those two; stage 1
 all-reduces then broadcasts every parameter from its owner (a broadcast sends the whole
 tensor: 2Ψ(N-1)/N + Ψ); stage 3 all-gathers twice and reduce-scatters once: 1.5x DP. On
-gloo (torch 2.14) reduce_scatter_tensor runs an all-reduce inside and keeps one chunk
+gloo (torch 2.14) reduce_scatter_single runs an all-reduce inside and keeps one chunk
 (all-reduce's traffic); NCCL runs a real ring reduce-scatter.
 
 `zero_state_bytes` gives the bytes per rank, padding included; common.measure's
@@ -283,11 +283,11 @@ class ZeroStage2(ShardedOptimizer):
     @torch.no_grad()
     def _grad_ready(self, p: nn.Parameter) -> None:
         """Hook: p.grad holds p's whole gradient of this backward pass."""
-        # EXERCISE 2.4: self.shard[p].grad (None: from zero) += this rank's slice of (the sum over ranks of p.grad, padded like self.flat[p]) / N; then p.grad is None. Collective: dist.reduce_scatter_tensor
+        # EXERCISE 2.4: self.shard[p].grad (None: from zero) += this rank's slice of (the sum over ranks of p.grad, padded like self.flat[p]) / N; then p.grad is None. Collective: dist.reduce_scatter_single
         padded = torch.zeros_like(self.flat[p])
         padded[:p.numel()].copy_(p.grad.reshape(-1))
         mine = torch.empty_like(self.shard[p])
-        dist.reduce_scatter_tensor(mine, padded)
+        dist.reduce_scatter_single(mine, padded)
         mine.div_(self.world_size)
         shard = self.shard[p]
         if shard.grad is None:
@@ -308,10 +308,10 @@ class ZeroStage2(ShardedOptimizer):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = self._evaluate(closure)
         self._sync_hyperparameters()
-        # EXERCISE 2.4: self.optim steps my slices (their .grad: what the hooks reduced); then every rank holds every parameter's updated slices. Collective: dist.all_gather_into_tensor (its input: a copy of my slice, or my slice of its output itself, in place)
+        # EXERCISE 2.4: self.optim steps my slices (their .grad: what the hooks reduced); then every rank holds every parameter's updated slices. Collective: dist.all_gather_single (its input: a copy of my slice, or my slice of its output itself, in place)
         self.optim.step()
         for p in self.trainable:
-            dist.all_gather_into_tensor(self.flat[p], self.shard[p].clone())
+            dist.all_gather_single(self.flat[p], self.shard[p].clone())
         # END EXERCISE
         return loss
 
@@ -535,7 +535,7 @@ class ZeroStage3(nn.Module):
         """Make the unit's parameters whole: unit.data gets its storage back, filled with every rank's shard."""
         # EXERCISE 2.4: re-grow the SAME storage under unit.data (the full parameters and the views autograd saved point into it), then fill it with every rank's unit.shard in unit.data's dtype; the shard itself stays as it is (the fp32 master, a Parameter that requires grad: the collective takes a tensor that does not). Pointer: Tensor.untyped_storage
         unit.data.untyped_storage().resize_(unit.padded * unit.data.element_size())
-        dist.all_gather_into_tensor(unit.data, unit.shard.detach().to(unit.data.dtype))
+        dist.all_gather_single(unit.data, unit.shard.detach().to(unit.data.dtype))
         # END EXERCISE
 
     def reshard(self, unit: FlatParams) -> None:
@@ -570,9 +570,9 @@ class ZeroStage3(nn.Module):
     @torch.no_grad()
     def reduce_gradients(self, unit: FlatParams) -> None:
         """Add the rank-average of the unit's gradients (None = zeros) to unit.shard.grad; free every full .grad."""
-        # EXERCISE 2.4: unit.shard.grad (None: from zero) += this rank's slice of (the sum over ranks of the unit's flat gradient, in the shard's dtype) / N; then every .grad of unit.params is None. Collective: dist.reduce_scatter_tensor (unit.flat_grad() builds its input)
+        # EXERCISE 2.4: unit.shard.grad (None: from zero) += this rank's slice of (the sum over ranks of the unit's flat gradient, in the shard's dtype) / N; then every .grad of unit.params is None. Collective: dist.reduce_scatter_single (unit.flat_grad() builds its input)
         mine = torch.empty_like(unit.shard)
-        dist.reduce_scatter_tensor(mine, unit.flat_grad().to(unit.shard.dtype))
+        dist.reduce_scatter_single(mine, unit.flat_grad().to(unit.shard.dtype))
         mine.div_(self.world_size)
         if unit.shard.grad is None:
             unit.shard.grad = mine
@@ -618,7 +618,7 @@ class ZeroStage3(nn.Module):
         gathered = {}
         for unit in self.units:
             full = unit.shard.new_empty(unit.padded)
-            dist.all_gather_into_tensor(full, unit.shard.detach())
+            dist.all_gather_single(full, unit.shard.detach())
             gathered.update(zip(unit.names, unit.split(full)))
         return {name: (gathered[name] if name in gathered else p.detach()).clone() for name, p in self.named}
 

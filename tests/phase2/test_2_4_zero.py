@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -242,7 +243,12 @@ def _run_scenario(mod, stage: int, name: str) -> dict:
         raise
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1, scenario.lr_decay) if scenario.lr_decay else None
     peak = PeakBytes(lambda: training_memory(net, optimizer))
-    between_steps, sent = [], []
+    between_steps, sent, gathered = [], [], []  # gathered: per backward pass, parameter elements all-gathered
+
+    def backward(loss: torch.Tensor, log: CollectiveLog, step: int) -> None:
+        first = len(log.calls)
+        loss.backward()
+        gathered.append((step, sum(c.numel * world for c in log.calls[first:] if c.name in _GATHERS)))
     for step, micro_batches in enumerate(_batches(scenario), start=1):
         if scenario.use_scale:
             _set_use_scale(model, scenario, step - 1)
@@ -268,12 +274,13 @@ def _run_scenario(mod, stage: int, name: str) -> dict:
                     raise AssertionError(f"step {step}: step(closure) ran the closure {len(losses)} times (must be "
                                          f"once) and returned {returned!r}; the closure returned {losses}")
             elif scenario.one_backward:
-                sum(F.cross_entropy(net(inputs[part]), targets[part]) for inputs, targets in micro_batches).backward()
+                backward(sum(F.cross_entropy(net(inputs[part]), targets[part]) for inputs, targets in micro_batches),
+                         log, step)
                 peak.sample(f"the end of backward in step {step}")
                 optimizer.step()
             else:
                 for inputs, targets in micro_batches:
-                    F.cross_entropy(net(inputs[part]), targets[part]).backward()
+                    backward(F.cross_entropy(net(inputs[part]), targets[part]), log, step)
                     peak.sample(f"the end of backward in step {step}")
                 optimizer.step()
         if scheduler is not None:
@@ -296,7 +303,7 @@ def _run_scenario(mod, stage: int, name: str) -> dict:
             evaluated = net(_EVAL_INPUTS[part]).clone()
     state = net.full_state_dict() if stage == 3 else _state(model)
     return {"state": state, "between_steps": between_steps, "peak": peak.peak, "peak_where": peak.where, "sent": sent,
-            "eval": evaluated}
+            "eval": evaluated, "gathered": gathered}
 
 
 class SignSGD(torch.optim.Optimizer):
@@ -834,7 +841,7 @@ def _check_communication_per_step(grade, stage):
                 problems.append(f"{_CLASSES[stage]}, rank {rank}, step {step}: sends {total / psi:.2f} x Psi "
                                 f"({calls}), at most {bound / psi:.2f}")
     hint = (" An all-reduce then a slice moves twice a reduce-scatter's bytes (2(N-1)/N vs (N-1)/N): use "
-            "dist.reduce_scatter_tensor." if stage == 2 else "")
+            "dist.reduce_scatter_single." if stage == 2 else "")
     assert_no_problems(problems, f"elements each rank sends per step (forward, backward, step), counted from the "
                                  f"collectives it calls with the ring model, in units of Psi = {psi}, N = {n}; "
                                  f"expected at most ~{factor:.2f}: {how}.{hint}")
@@ -914,13 +921,45 @@ def _check_documented_errors(grade, stage):
     assert_no_problems(problems, f"{_CLASSES[stage]} must refuse, with the error its docstring names:")
 
 
+# as common.measure.CollectiveLog records them: all_gather_single (torch 2.14.1's name) as all_gather_into_tensor
+_GATHERS = ("all_gather_into_tensor", "all_gather")
+
+
+def _gather_allowance(name: str, world: int = _WORLD) -> int:
+    """Parameter elements that gathering every unit of the scenario's model once takes: each trainable
+    parameter whole, plus the padding either layout adds (a flat buffer per unit: under N elements; dim-0
+    shards as fully_shard cuts them: under N rows of each parameter)."""
+    params = [p for p in _SCENARIOS[name].model().parameters() if p.requires_grad]
+    return sum(p.numel() + (world - 1) * (p.numel() // p.shape[0]) for p in params)
+
+
+def _gathered_once_problems(results: list[dict], name: str) -> list[str]:
+    """Each unit all-gathered at most once per backward pass: the elements all-gathered during one
+    backward, summed, within what gathering every unit once takes (a unit gathered twice is over it)."""
+    allowance, psi = _gather_allowance(name), _psi(name)[0]
+    units = sum(1 for child in _SCENARIOS[name].model().children() if any(p.requires_grad for p in child.parameters()))
+    problems = []
+    for rank, r in enumerate(results):
+        for k, (step, got) in enumerate(r.get("gathered", []), start=1):
+            if got > allowance:
+                problems.append(f"_pre_backward gathers a unit that is whole already: ZeroStage3, rank {rank}, backward "
+                                f"pass {k} (step {step}) all-gathered {got} parameter elements, {got / psi:.2f} x Psi, "
+                                f"where gathering each of the {units} units once takes at most {allowance} (Psi = "
+                                f"{psi} + padding). It runs once per output of the unit that requires grad (a tuple: "
+                                "twice; two forwards: twice): gather only if the unit is not whole")
+                break  # the first backward that gathers twice says it
+    return problems
+
+
 def _check_unit_returning_a_tuple(grade, stage):
     """A unit whose forward returns a tuple of two tensors (both used next): each output's gradient brings the unit
     back before its backward (once), and training matches one process."""
     results = _results(grade("2.4"), stage, "tuple")
-    assert_no_problems(_parameters_problems(results, "tuple", stage) + _memory_problems(results, "tuple", stage),
+    assert_no_problems(_parameters_problems(results, "tuple", stage) + _memory_problems(results, "tuple", stage)
+                       + _gathered_once_problems(results, "tuple"),
                        _header("tuple", stage) + " (a unit's output may be a tuple or list of tensors: hook each one "
-                                                 "that requires grad, and gather the unit once before its backward)")
+                                                 "that requires grad, and gather the unit once before its backward: "
+                                                 "the all-gathers of each backward pass are counted)")
 
 
 def _check_two_forwards_then_one_backward(grade, stage):
@@ -929,9 +968,11 @@ def _check_two_forwards_then_one_backward(grade, stage):
     matches one process."""
     results = _results(grade("2.4"), stage, "two_forwards")
     assert_no_problems(_parameters_problems(results, "two_forwards", stage) +
-                       _memory_problems(results, "two_forwards", stage),
+                       _memory_problems(results, "two_forwards", stage) +
+                       _gathered_once_problems(results, "two_forwards"),
                        _header("two_forwards", stage) + " (a unit's parameters must stay usable until ALL its uses in "
-                                                        "this backward pass are done: its gradients all accumulated)")
+                                                        "this backward pass are done: its gradients all accumulated; "
+                                                        "and it is gathered once in that backward, not once per use)")
 
 
 def _check_step_with_closure(grade, stage):
@@ -1081,13 +1122,14 @@ def _check_matches_fully_shard(grade, stage):
 
 def _one_test_per_stage(check, stages=tuple(_CLASSES)) -> None:
     """test_2_4_<what>_stage1..3 from `check(grade, stage)`: each stage is its own test (and world), so a
-    negative control, or a learner's bug, in one stage fails only that stage's tests."""
+    negative control, or a learner's bug, in one stage fails only that stage's tests; each is marked with
+    its part, `stage N`, so the exercise table shows the stages one by one (tests/grading.py)."""
     for stage in stages:
         def test(grade, stage=stage):
             check(grade, stage)
         test.__name__ = test.__qualname__ = f"test_2_4_{check.__name__.removeprefix('_check_')}_stage{stage}"
         test.__doc__ = f"{_CLASSES[stage]}: {check.__doc__}"
-        globals()[test.__name__] = test
+        globals()[test.__name__] = pytest.mark.part(f"stage {stage}")(test)
 
 
 for _check in (_check_trains_like_data_parallel_adam, _check_gradient_is_averaged_over_ranks,

@@ -16,7 +16,7 @@ class ZeroStage2(_reference.ZeroStage2):
         padded = torch.zeros_like(self.flat[p])
         padded[:p.numel()].copy_(p.grad.reshape(-1))
         mine = torch.empty_like(self.shard[p])
-        dist.reduce_scatter_tensor(mine, padded)
+        dist.reduce_scatter_single(mine, padded)
         mine.div_(self.world_size)
         shard = self.shard[p]
         if shard.grad is None:

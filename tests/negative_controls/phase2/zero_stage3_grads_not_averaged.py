@@ -13,7 +13,7 @@ class ZeroStage3(_reference.ZeroStage3):
     @torch.no_grad()
     def reduce_gradients(self, unit):
         mine = torch.empty_like(unit.shard)
-        dist.reduce_scatter_tensor(mine, unit.flat_grad().to(unit.shard.dtype))
+        dist.reduce_scatter_single(mine, unit.flat_grad().to(unit.shard.dtype))
         if unit.shard.grad is None:
             unit.shard.grad = mine
         else:

@@ -13,7 +13,7 @@ class ZeroStage3(_reference.ZeroStage3):
     @torch.no_grad()
     def reduce_gradients(self, unit):
         mine = torch.empty_like(unit.shard)
-        dist.reduce_scatter_tensor(mine, unit.flat_grad().to(unit.shard.dtype))
+        dist.reduce_scatter_single(mine, unit.flat_grad().to(unit.shard.dtype))
         unit.shard.grad = mine.div_(self.world_size)
         for p in unit.params:
             p.grad = None

@@ -14,7 +14,7 @@ class ZeroStage3(_reference.ZeroStage3):
     def reduce_gradients(self, unit):
         flat = unit.flat_grad()
         mine = torch.empty(unit.shard_size, dtype=flat.dtype, device=flat.device)
-        dist.reduce_scatter_tensor(mine, flat)
+        dist.reduce_scatter_single(mine, flat)
         mine.div_(self.world_size)
         if unit.shard.grad is None:
             unit.shard.grad = mine
