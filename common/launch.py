@@ -364,13 +364,25 @@ def _read_settled(path: Path, end: float) -> str:
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
 
-def describe_stuck_frame(dump: str) -> str:
-    """'file:line in func (in torch: recv)' for the rank's main thread, from a faulthandler dump."""
+def describe_stuck_frame(dump: str, harness: Callable[[str], bool] | None = None) -> str:
+    """'file:line in func (waiting inside distributed_c10d.py:recv)' for the rank's main thread,
+    from a faulthandler dump: its innermost frame outside torch, and the innermost frame.
+
+    harness(filename): True for the files of code that drives the code under test (a test's
+    scenario, a wrapper it put around a torch call); their frames are passed over, unless no
+    other frame is the code's own."""
     threads = re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump)
     main = next((t for t in threads if "in _rank_main" in t), None)
     if main is None:
         return "no stack dump (still starting up, or stuck outside Python)"
     frames = [m.groupdict() for m in _FRAME.finditer(main)]  # innermost first
+    # the rank's code only: not the frames that started the process and called it
+    frames = frames[:next((i for i, f in enumerate(frames) if f["func"] == "_rank_main" and f["file"] == __file__),
+                          len(frames))]
+    if harness is not None:
+        code = [f for f in frames if not harness(f["file"])]
+        if any(not _is_library(f["file"]) for f in code):
+            frames = code
     own = [f for f in frames if not _is_library(f["file"])]
     inner = frames[0] if frames else None
     if not own or inner is None:

@@ -23,8 +23,15 @@ Modes (`mode=`):
 
 Messages, all point-to-point on a gloo group (torch.distributed, no RPC):
   worker -> server   header int64 [kind, version] (tag HEADER_TAG), kind PULL, PUSH or DONE;
+                     version: that server's version the worker last received (0 before its first
+                     pull), i.e. the one a PUSH's gradient was computed on; servers read it in a
+                     PUSH only (staleness);
                      a PUSH is followed by the flat gradient of the server's shard (DATA_TAG)
   server -> worker   int64 [version] (HEADER_TAG), then the flat shard (DATA_TAG)
+Flat shards and gradients are in the parameters' dtype (what `flatten` gives: float32 here).
+Every receive buffer has exactly the dtype and the number of elements of what is sent: gloo
+(torch 2.14.1) copies a message into a larger buffer, or one of another dtype, without an
+error, reinterpreting its bytes.
 A server serves workers in arrival order: it receives the next header from ANY source
 (`dist.recv(header, src=None)`, which gloo supports and NCCL does not), then the rest
 from that worker. Every reply is an isend: on gloo (torch 2.14.1) a blocking `dist.send`
@@ -162,7 +169,14 @@ class ParameterServer:
                                 (dist.isend(snapshot, worker, self.group, tag=DATA_TAG), snapshot)]
 
     def serve(self) -> ServerRecord:
-        """Answer workers in arrival order until every worker has sent DONE; then return the record."""
+        """Answer workers in arrival order until every worker has sent DONE; then return the record.
+
+        PULL: reply now (whatever the mode). PUSH: receive the gradient, then on_push_sync or
+        on_push_async. DONE: the worker is no longer active, and what waited for it may go on:
+        sync, a round whose gradients now come from every active worker steps (step_round); a
+        round with no gradient never steps (the version stays); async, the replies the bound held
+        back are reconsidered (release_waiting: the slowest of the workers still active).
+        """
         raise NotImplementedError('TODO 3.4: loop while workers are active: receive a header from any worker, then by its kind reply (PULL), receive the gradient and call on_push_sync/on_push_async (PUSH), or retire the worker (DONE: a sync round or a held reply may now complete); finally wait for every reply in flight (pointer: dist.recv with src=None returns the sender)')
         values = self.shard.split([shape.numel() for shape in self.shapes])
         return ServerRecord({i: v.view(shape).clone() for i, v, shape in zip(self.owned, values, self.shapes)},
@@ -190,10 +204,12 @@ class ParameterServer:
 
 def run_worker(model: torch.nn.Module, batches: Iterable[Any], loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
                assignment: list[int], num_servers: int, group=None) -> int:
-    """Train `model` through the servers (ranks >= num_servers call this); returns the steps taken.
+    """Train `model` through the servers (ranks >= num_servers call this); returns the steps
+    taken: the number of batches trained on (one push to every server each).
 
-    First pull every shard (the servers' values replace the model's). Then per batch:
-    loss_fn(model, batch).backward(); push each server its shard of the gradient (a
+    First pull every shard (the servers' values replace the model's). Then per batch: clear
+    the gradients (model.zero_grad(): each push is this batch's gradient alone, as one process's
+    SGD steps), loss_fn(model, batch).backward(); push each server its shard of the gradient (a
     parameter without .grad pushes zeros) with the version of that shard the gradient was
     computed on; receive every server's answer (version, fresh shard) into the model.
     Finally tell every server DONE. Afterwards the model holds the last parameters pulled.

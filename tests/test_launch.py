@@ -117,6 +117,28 @@ def test_a_deadlock_reports_every_rank_and_leaves_no_process(tmp_path):
     assert len(pids) == 2 and not _gone_soon(pids), "a rank outlived the world"
 
 
+_DUMP = """Current thread 0x00007f41b31ccb80 (most recent call first):
+  File "/venv/site-packages/torch/distributed/distributed_c10d.py", line 3433 in recv
+  File "/repo/tests/phase3/test_x.py", line 253 in wait
+  File "/repo/phase3_multi_node/parameter_server.py", line 175 in serve
+  File "/repo/tests/phase3/test_x.py", line 311 in _scenario
+  File "/repo/common/launch.py", line 496 in _rank_main
+  File "/usr/lib/python3.11/multiprocessing/process.py", line 108 in run
+""".replace("/repo/common/launch.py", common.launch.__file__)
+
+
+def test_a_stuck_frame_is_the_codes_own_frame_past_the_harness():
+    """The line named is the innermost one outside torch; with a harness predicate (a test's wrapper around
+    a torch call, its scenario), the code's own, unless the harness is all there is."""
+    describe = common.launch.describe_stuck_frame
+    assert describe(_DUMP) == "/repo/tests/phase3/test_x.py:253 in wait (waiting inside distributed_c10d.py:recv)"
+    in_tests = lambda filename: "/tests/" in filename  # noqa: E731
+    assert describe(_DUMP, in_tests) == \
+        "/repo/phase3_multi_node/parameter_server.py:175 in serve (waiting inside distributed_c10d.py:recv)"
+    assert describe(_DUMP, lambda filename: "/repo/" in filename and "launch" not in filename) == \
+        "/repo/tests/phase3/test_x.py:253 in wait (waiting inside distributed_c10d.py:recv)"
+
+
 def test_a_world_waiting_for_its_deadline_says_it_is_alive(tmp_path, monkeypatch):
     """A learner watching a deadlocked test is told, every HEARTBEAT_S, that the run is alive
     and when the deadline will say where each rank waits."""

@@ -37,7 +37,7 @@ from scenarios import SharedWorld, run_scenarios
 _K, _W = 2, 3  # servers are ranks 0.._K-1, workers ranks _K.._K+_W-1
 _WORLD = _K + _W
 _LR = 0.25  # a power of two: tick counters stay exact in float32
-_AGREE_S = 30  # how long ranks wait for each other between scenarios
+_AGREE_S = 30  # how long a rank whose scenario raised waits for the others (tests/scenarios.py)
 _GATE_S = 15  # how long the slow worker waits for the fast ones before reporting a bound too strict
 
 _SYNC_STEPS, _SYNC_BATCH = 3, 4  # per worker
@@ -152,7 +152,7 @@ def _ssp_rank(mod) -> dict:
         step = len(seen)
         seen.append(m.seen())
         store.set(f"ps34/ssp/started/{j}/{step}", "1")
-        if slow:
+        if slow and not problems:  # once reported, the slow worker goes on ungated: one wait of _GATE_S in all
             target = min(step + _SSP_BOUND, _SSP_STEPS - 1)
             keys = [f"ps34/ssp/started/{u}/{target}" for u in range(_W - 1)]
             try:
@@ -204,6 +204,10 @@ def _ps_rank(ref: grading.ModuleRef) -> dict:
 
 _UNEQUAL = {"sync": (1, 3, 3), "async": (1, 4, 4)}  # batches per worker; the first finishes early
 _UNEQUAL_BOUND = 1  # async: the long workers' 3rd push is held until the short worker is done
+_UNEQUAL_HANG_HINTS = {
+    "sync": "a worker's DONE must complete the round the others pushed to: it waits for the active workers only",
+    "async": "a worker's DONE must release the replies the bound held back because of it: the slowest worker is "
+             "the slowest of the active ones"}
 
 
 def _unequal_rank(ref: grading.ModuleRef) -> dict:
@@ -343,15 +347,60 @@ def _numel(model: nn.Module) -> list[int]:
     return [p.numel() for p in model.parameters()]
 
 
-def _sync_truth() -> list[torch.Tensor]:
-    """One process, torch.optim.SGD, the concatenated batch of all workers at every step."""
-    model = _sync_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=_LR)
+def _sync_truth(lr_scale: float = 1.0, clear: bool = True, lag: int | None = 0) -> list[torch.Tensor]:
+    """One process, torch.optim.SGD, the concatenated batch of all workers at every step.
+
+    The other arguments make it a mistake's: lr_scale=_W (the gradients summed, or applied one by one, not
+    averaged), clear=False (.grad never cleared: each step adds all the earlier gradients), lag=1 (each
+    gradient computed on the parameters of one step before: a reply sent before the step), lag=None (every
+    gradient computed on the first parameters: the pulled parameters never loaded into the model)."""
+    model, probe = _sync_model(), _sync_model()  # probe: the parameters the gradient is computed on
+    optimizer = torch.optim.SGD(model.parameters(), lr=_LR * lr_scale)
+    history = [[p.detach().clone() for p in model.parameters()]]
     for x, y in _sync_batches():
-        optimizer.zero_grad()
-        F.cross_entropy(model(x), y).backward()
+        if clear:
+            probe.zero_grad()
+        seen = history[0] if lag is None else history[max(len(history) - 1 - lag, 0)]
+        with torch.no_grad():
+            for q, value in zip(probe.parameters(), seen):
+                q.copy_(value)
+        F.cross_entropy(probe(x), y).backward()
+        for p, q in zip(model.parameters(), probe.parameters()):
+            p.grad = q.grad.clone()
         optimizer.step()
+        history.append([p.detach().clone() for p in model.parameters()])
     return [p.detach().clone() for p in model.parameters()]
+
+
+# What the sync test's servers end with after each mistake (see _sync_truth): their distance from the start, per
+# SGD's, and an exact match, name the mistake in the message.
+_SYNC_MISTAKES = {"the gradients summed (or applied one by one) instead of averaged": {"lr_scale": _W},
+                  ".grad never cleared between batches (each step adds the earlier gradients)": {"clear": False},
+                  "each gradient computed on the parameters of one step before (a reply sent before the step)":
+                      {"lag": 1},
+                  "every gradient computed on the first parameters (the pulled parameters never loaded)":
+                      {"lag": None}}
+
+
+def _sync_diagnosis(params: dict[int, torch.Tensor]) -> str:
+    """How far the servers' parameters moved from the start, per SGD's, and what each named mistake gives here."""
+    start = [p.detach() for p in _sync_model().parameters()]
+
+    def moved(values) -> float:
+        return float(sum((values[i] - start[i]).norm() ** 2 for i in params) ** 0.5)
+
+    if not all(torch.isfinite(params[i]).all() for i in params):
+        return ("the servers' parameters are not finite (NaN or inf): a message received into a buffer of another "
+                "dtype, or a larger one, than was sent (gloo copies its bytes in without an error), or a step divided "
+                "by zero?")
+    should = moved(_sync_truth())
+    mistakes = {what: _sync_truth(**kwargs) for what, kwargs in _SYNC_MISTAKES.items()}
+    ratio = f"the servers' parameters moved {moved(params) / should:.2f}x as far from the start as SGD's"
+    for what, values in mistakes.items():
+        if all(torch.allclose(params[i], values[i], rtol=1e-4, atol=1e-6) for i in params):
+            return f"{ratio}: exactly the result of SGD with {what}"
+    return f"{ratio} (in this test, SGD with " + "; with ".join(f"{what}: {moved(values) / should:.2f}x"
+                                                              for what, values in mistakes.items()) + ")"
 
 
 def _server_params_problems(results: list[dict], assignment: list[int], what: str) -> tuple[list, dict]:
@@ -390,7 +439,8 @@ def test_3_4_greedy_assignment_balances_bytes(grade):
     cases = [("one huge layer (bytes)", huge, 2), ("one huge layer (bytes)", huge, 3),
              ("sizes in order", [1, 2, 3, 4, 5, 6, 7, 8], 3), ("ties", [5, 5, 5, 5, 2, 2], 2),
              ("as many servers as parameters", [3, 9, 1], 3), ("one server", [4, 1, 7], 1),
-             ("more parameters than one fits", [10, 7, 7, 6, 3, 3, 2, 2, 1], 4)]
+             ("more parameters than one fits", [10, 7, 7, 6, 3, 3, 2, 2, 1], 4),
+             ("more servers than parameters", [6, 2], 3)]
     problems = []
     for what, sizes, k in cases:
         got = list(mod.assign_parameters(list(sizes), k))
@@ -428,13 +478,8 @@ def test_3_4_sync_equals_single_process_sgd(grade):
         if results[k]["record"]["version"] != _SYNC_STEPS:
             problems.append(f"server {k}: version {results[k]['record']['version']} after {_SYNC_STEPS} synchronous "
                             f"rounds of {_W} gradients, expected {_SYNC_STEPS} (one step per round)")
-    if problems:
-        start = [p.detach() for p in _sync_model().parameters()]
-        moved = sum((params[i] - start[i]).norm() ** 2 for i in params) ** 0.5
-        should = sum((truth[i] - start[i]).norm() ** 2 for i in params) ** 0.5
-        problems.insert(0, f"the servers' parameters moved {moved / should:.2f}x as far as SGD's ({_W:.0f}x: summed or "
-                           "applied one by one instead of averaged; ~1x but different: a worker computed on "
-                           "parameters of before the step)")
+    if problems and params:
+        problems.insert(0, _sync_diagnosis(params))
     assert_no_problems(problems, f"synchronous mode, {_W} workers x {_SYNC_BATCH} samples, {_SYNC_STEPS} steps, "
                                  f"lr {_LR}, must equal one process running torch.optim.SGD on the {_W * _SYNC_BATCH} "
                                  "samples of each step (servers' shards and every worker's final parameters):")
@@ -475,6 +520,20 @@ def _staleness_problems(results: list[dict], what: str) -> list[str]:
     for k in range(_K):
         record = results[k]["record"]
         count = sum(len(results[_K + j]["seen"]) for j in range(_W))
+        ticks = record["params"].get(k)  # parameter k is server k's tick counters (_TICKED_ASSIGNMENT)
+        wrong_ticks = []
+        for j in range(_W if ticks is not None else 0):
+            pushed, moved = len(results[_K + j]["seen"]), ticks[j].item() / _LR
+            if abs(moved - pushed) > 1e-3:
+                wrong_ticks.append(
+                    f"{what}: server {k}'s tick counter of rank {_K + j} moved {moved:g} lr in all, for the {pushed} "
+                    f"gradients that rank computed (each gradient's entry is -1: one lr per gradient, applied once as "
+                    f"w - lr*g; " + ("more: gradients that add up the earlier ones, is .grad cleared between "
+                                     "batches? or a gradient applied twice" if moved > pushed else
+                                     "fewer: gradients lost, or applied with a smaller step") + ")")
+        if wrong_ticks:  # the versions read from the ticks below would be wrong too
+            problems += wrong_ticks
+            continue
         if len(record["staleness"]) != count:
             problems.append(f"{what}: server {k} recorded {len(record['staleness'])} staleness values for the {count} "
                             "gradients it received (one per gradient, in arrival order)")
@@ -494,12 +553,17 @@ def _staleness_problems(results: list[dict], what: str) -> list[str]:
                 problems.append(f"{what}: server {k} records more gradients from rank {worker} than it computed")
                 break
             computed_on = sum(results[worker]["seen"][n][k])
-            if staleness != i - computed_on:
+            if computed_on > i:
+                problems.append(f"{what}: server {k}'s record {i} (so at version {i} when it arrived) is rank "
+                                f"{worker}'s step {n}, computed on parameters to which server {k} had already applied "
+                                f"{computed_on} gradients: the record is not in arrival order (one entry per gradient, "
+                                "as it arrives)")
+            elif staleness != i - computed_on:
                 problems.append(f"{what}: server {k}, gradient {i} to arrive (so at version {i}), rank {worker}'s step "
                                 f"{n}, computed on version {computed_on}: staleness recorded {staleness}, expected "
                                 f"{i - computed_on} (server version now - version computed on)")
-                if len(problems) > 6:
-                    return problems
+            if len(problems) > 6:
+                return problems
     return problems
 
 
@@ -559,8 +623,7 @@ def test_3_4_done_completes_a_round_and_releases_a_held_worker(grade):
     for mode, counts in _UNEQUAL.items():
         results = _unequal_world.results(
             mode, ref, world=f"the parameter-server world with workers of unequal batch counts ({counts_text})",
-            hang_hint="a worker's DONE must complete the sync round the others pushed to, and release an async "
-                      "reply the staleness bound held back because of the finished worker",
+            hang_hint=_UNEQUAL_HANG_HINTS[mode],
             what=f"the {mode!r} scenario with workers of {counts} batches")
         for rank in range(_K, _WORLD):
             if results[rank]["steps"] != counts[rank - _K]:

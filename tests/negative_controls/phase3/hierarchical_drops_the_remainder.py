@@ -13,11 +13,11 @@ def hierarchical_all_reduce(tensor, groups, op="sum"):
     flat = tensor.view(-1)
     shard = flat.numel() // k
     mine = torch.empty(shard, dtype=tensor.dtype, device=tensor.device)
-    dist.reduce_scatter_tensor(mine, flat[:shard * k].contiguous(), group=groups.intra)
+    dist.reduce_scatter_single(mine, flat[:shard * k].contiguous(), group=groups.intra)
     dist.all_reduce(mine, group=groups.inter)
     if op == "avg":
         mine /= groups.topology.world_size
     gathered = torch.empty(shard * k, dtype=tensor.dtype, device=tensor.device)
-    dist.all_gather_into_tensor(gathered, mine, group=groups.intra)
+    dist.all_gather_single(gathered, mine, group=groups.intra)
     flat[:shard * k] = gathered
     return tensor

@@ -18,10 +18,10 @@ def hierarchical_all_reduce(tensor, groups, op="sum"):
     padded = torch.zeros(shard * k, device=tensor.device)  # the bug: no dtype=tensor.dtype
     padded[:numel] = tensor.reshape(-1)
     mine = torch.empty(shard, device=tensor.device)
-    dist.reduce_scatter_tensor(mine, padded, group=groups.intra)
+    dist.reduce_scatter_single(mine, padded, group=groups.intra)
     dist.all_reduce(mine, group=groups.inter)
     if op == "avg":
         mine /= groups.topology.world_size
-    dist.all_gather_into_tensor(padded, mine, group=groups.intra)
+    dist.all_gather_single(padded, mine, group=groups.intra)
     tensor.copy_(padded[:numel].view(tensor.shape))
     return tensor
