@@ -190,3 +190,12 @@ def test_renumber_follows_a_change_that_moved_and_keeps_twins_in_order(tmp_path)
     listing.write_text("# a comment\n" + "".join(f"{m.id} equivalent why\n" for m in twins))
     mutate.update_list(moves, listing)
     assert listing.read_text().splitlines()[1:] == [f"{moves[m.id]} equivalent why" for m in twins]
+
+
+def test_a_two_digit_exercise_is_mutated_and_sampled_on_its_own():
+    """2.10 next to 2.1: each gets its own tests (prefix test_2_1_ is not test_2_10_), its own mutants,
+    and CI's sample (--ci) includes 2.10."""
+    assert mutate.graded_tests("2.10") and all(t.startswith("test_2_10_") for t in mutate.graded_tests("2.10"))
+    assert not any(t.startswith("test_2_10_") for t in mutate.graded_tests("2.1"))
+    assert {m.file for m in mutate.mutants_of("2.10")} == {"solutions/phase2_advanced/moe.py"}
+    assert "2.10" in mutate._exercises_of_phases(mutate.CI_PHASES)
