@@ -5,6 +5,9 @@
     pytest --override 1.2=path/to/file.py    grade one exercise with another file (negative controls)
     pytest --controls controls.json          run each control's CAUGHT_BY tests against it, all
                                              controls in this one session (tools/check_grading.py)
+    pytest --contract-coverage               also record which documented inputs the graded tests
+                                             exercise and report the gaps (tests/contracts.py;
+                                             COURSE_CONTRACTS=<folder> records for tools/check_contracts.py)
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ collect_ignore_glob = ["phase[0-9]*"]
 pytest.register_assert_rewrite("phase1", "phase2", "phase3", "phase4")
 
 import common.launch
+import contracts
 import grading
 from common.launch import WorldTimeout
 
@@ -56,6 +60,9 @@ def pytest_addoption(parser):
                     help="a list of negative controls ({name, exercise, path, caught_by, world_timeout}): "
                          "each test of a control's caught_by runs once against it, nothing else runs")
     group.addoption("--grade-json", metavar="PATH", help="also write the exercise table as JSON")
+    group.addoption("--contract-coverage", action="store_true",
+                    help="record which documented inputs, modes and call sequences of each exercise the graded tests "
+                         "exercise (tests/contracts.py) and list, per exercise that ran, the entries none did")
     group.addoption("--course-runner", choices=("learner", "instructor"), default=None,
                     help="set by tests/test_phaseN.py (learner) and tests/grade.py (instructor): whom the "
                          "banner and the closing verdict speak to")
@@ -187,6 +194,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "part(name): the part of its exercise that a graded test grades (a stage, "
                                        "a schedule): the exercise table shows one row per part (tests/grading.py)")
     config._course_graded = _graded_description(config)
+    if config.getoption("--contract-coverage") and not contracts.recording():
+        import tempfile
+        os.environ[contracts.ENV] = tempfile.mkdtemp(prefix="course-contracts-")
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(config._course_graded, bold=True)
@@ -233,6 +243,8 @@ def _deadlock_key(item) -> tuple[str, str | None]:
 
 
 def pytest_runtest_setup(item):
+    if contracts.recording():  # the calls this test makes (and the worlds it starts) are its exercise's
+        os.environ[contracts.TEST_ENV] = item.nodeid
     first = _deadlocked.get(_deadlock_key(item))
     if first:
         pytest.fail(f"not run: {first} deadlocked (see that test); fix it first", pytrace=False)
@@ -335,10 +347,30 @@ def pytest_terminal_summary(terminalreporter, config):
             records = [rec for rec in _records.values() if grading.exercise_of_test(rec["test"]) == row["exercise"]]
             for line in grading.exercise_report(row, records):
                 terminalreporter.write_line(line)
+    if config.getoption("--contract-coverage"):
+        _contract_report(terminalreporter, rows)
     path = config.getoption("--grade-json")
     if path:
         grading.write_json(Path(path), rows, _outcomes, config._course_graded,
                            durations=_durations, controls=_control_of)
+
+
+def _contract_report(terminalreporter, rows: list[dict]) -> None:
+    """--contract-coverage: per exercise that ran whole, its documented entries that no test exercised."""
+    terminalreporter.section("contract coverage")
+    exercised = contracts.read_records(Path(os.environ[contracts.ENV]))
+    for row in rows:
+        contract = contracts.load_contract(row["exercise"])
+        if contract is None:
+            terminalreporter.write_line(f"{row['exercise']}: no contract file ({contracts.contract_path(row['exercise'])})")
+            continue
+        report = contracts.coverage(contract, exercised.get(row["exercise"], {}))
+        complete = "" if row.get("complete", True) else " (not all its tests ran)"
+        terminalreporter.write_line(
+            f"{row['exercise']}: {report['entries']} entries, {len(report['exercised'])} exercised, "
+            f"{len(report['irrelevant'])} irrelevant, {len(report['gaps'])} gaps{complete}")
+        for gap in report["gaps"]:
+            terminalreporter.write_line(f"  GAP {gap}")
 
 
 def pytest_unconfigure(config):

@@ -152,6 +152,9 @@ class ModuleRef:
                 f"asked to grade {self.path()} but Python loaded {loaded}; "
                 "check PYTHONPATH and that you run from the repository root"
             )
+        if os.environ.get("COURSE_CONTRACTS"):  # contract coverage is being recorded (tests/contracts.py)
+            import contracts
+            contracts.instrument(module, self.exercise)
         return module
 
 

@@ -21,6 +21,7 @@ SAMPLER_CASES = [  # (dataset size, world size, shuffle, drop_last, seed, epoch)
     (10, 3, True, False, 0, 0), (10, 3, True, True, 0, 0), (12, 4, True, False, 7, 3),
     (2, 5, True, False, 1, 0), (17, 1, True, False, 0, 2), (9, 2, False, False, 0, 0),
     (9, 2, False, True, 0, 0), (101, 6, True, False, 42, 5), (101, 6, True, True, 42, 5),
+    (10, 3, True, False, 2**40 + 7, 1),  # a seed past 32 bits: torch.Generator takes 64
 ]
 
 
@@ -84,7 +85,9 @@ def _sampler_cases(draw):
     return dict(n=n, world=world, shuffle=draw(st.booleans()), drop_last=draw(st.booleans()),
                 seed=draw(st.one_of(st.integers(0, 3), st.integers(0, 2**32))),
                 epochs=draw(st.lists(st.integers(0, 1000), min_size=0, max_size=3)),
-                dataset=draw(st.sampled_from(["range", "list", "Dataset"])))
+                dataset=draw(st.sampled_from(["range", "list", "Dataset"])),
+                # arguments left out, for their defaults (shuffle=True, seed=0, drop_last=False)
+                omitted=draw(st.sets(st.sampled_from(["shuffle", "seed", "drop_last"]))))
 
 
 def test_1_1_any_arguments_give_torch_shards_stable_across_calls(grade):
@@ -97,12 +100,13 @@ def test_1_1_any_arguments_give_torch_shards_stable_across_calls(grade):
     @settings(max_examples=250, **PROPERTY_SETTINGS)
     @given(_sampler_cases())
     def check(case):
-        n, world, shuffle, drop_last, seed = case["n"], case["world"], case["shuffle"], case["drop_last"], case["seed"]
+        n, world = case["n"], case["world"]
+        given = {k: case[k] for k in ("shuffle", "seed", "drop_last") if k not in case["omitted"]}
+        shuffle, seed, drop_last = given.get("shuffle", True), given.get("seed", 0), given.get("drop_last", False)
         dataset = {"range": range(n), "list": [f"item {i}" for i in range(n)], "Dataset": _Items(n)}[case["dataset"]]
-        what = (f"ShardSampler(<{case['dataset']} of {n}>, num_replicas={world}, rank=r, shuffle={shuffle}, seed={seed}, "
-                f"drop_last={drop_last})")
-        samplers = [mod.ShardSampler(dataset, world, rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
-                    for rank in range(world)]
+        what = (f"ShardSampler(<{case['dataset']} of {n}>, num_replicas={world}, rank=r"
+                + "".join(f", {k}={v}" for k, v in given.items()) + ")")
+        samplers = [mod.ShardSampler(dataset, world, rank, **given) for rank in range(world)]
         for epoch in [None, *case["epochs"]]:  # None: before any set_epoch, i.e. epoch 0
             when = f"epoch {0 if epoch is None else epoch}{' (set_epoch never called)' if epoch is None else ''}"
             shards = []
@@ -190,26 +194,34 @@ def test_1_1_make_loader_gives_each_rank_its_shard(grade):
     assert seen != first_epoch, "loader.sampler.set_epoch(1) must change the order"
 
 
+# (world size, batch size): batches that cut the shard with a partial last one, of one sample, larger than the
+# shard; one rank
+LOADER_SHAPES = [(3, 4), (3, 1), (3, 30), (1, 4)]
+DEFAULT = object()  # the argument left out (its default: shuffle=True, seed=0, drop_last=False)
+
+
 def test_1_1_make_loader_honours_shuffle_seed_and_drop_last(grade):
     mod = grade("1.1").load()
-    n, world, batch = 23, 3, 4
+    n = 23
     dataset = TensorDataset(torch.arange(n))
-    for shuffle in (True, False):
-        for drop_last in (False, True):
-            for seed in (0, 5):
-                case = f"make_loader(n={n}, batch_size={batch}, world={world}, shuffle={shuffle}, seed={seed}, drop_last={drop_last})"
-                for rank in range(world):
-                    loader = mod.make_loader(dataset, batch, rank, world, shuffle=shuffle, seed=seed, drop_last=drop_last)
-                    loader.sampler.set_epoch(2)
-                    got = [b[0].tolist() for b in loader]
-                    order = DistributedSampler(range(n), world, rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
-                    order.set_epoch(2)
-                    order = list(order)
-                    expected = [order[i:i + batch] for i in range(0, len(order), batch)]
-                    assert got == expected, (
-                        f"{case}, epoch 2, rank {rank}: batches {got}, expected {expected} (the shard of "
-                        "ShardSampler with these shuffle, seed and drop_last, cut into batches; the last "
-                        "partial batch is kept)")
+    for world, batch in LOADER_SHAPES:
+        for shuffle, drop_last, seed in [(s, d, e) for s in (True, False) for d in (False, True) for e in (0, 5)] + [
+                (DEFAULT, DEFAULT, DEFAULT), (True, DEFAULT, 3), (DEFAULT, True, DEFAULT)]:
+            given = {k: v for k, v in (("shuffle", shuffle), ("seed", seed), ("drop_last", drop_last)) if v is not DEFAULT}
+            shuffle, seed, drop_last = given.get("shuffle", True), given.get("seed", 0), given.get("drop_last", False)
+            case = f"make_loader(n={n}, batch_size={batch}, world={world}, {', '.join(f'{k}={v}' for k, v in given.items()) or 'defaults'})"
+            for rank in range(world):
+                loader = mod.make_loader(dataset, batch, rank, world, **given)
+                loader.sampler.set_epoch(2)
+                got = [b[0].tolist() for b in loader]
+                order = DistributedSampler(range(n), world, rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+                order.set_epoch(2)
+                order = list(order)
+                expected = [order[i:i + batch] for i in range(0, len(order), batch)]
+                assert got == expected, (
+                    f"{case}, epoch 2, rank {rank}: batches {got}, expected {expected} (the shard of "
+                    "ShardSampler with these shuffle, seed and drop_last, cut into batches; the last "
+                    "partial batch is kept)")
 
 
 def test_1_1_sampler_leaves_the_global_rng_alone(grade):

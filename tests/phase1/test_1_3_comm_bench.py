@@ -172,7 +172,10 @@ class FakeClock:
         self.now += self.step
 
 
-TIMING_CALLS = [(5, 3), (1, 0), (2, 1)]  # (iters, warmup) of successive calls in one process
+# (iters, warmup) of successive calls in one process; None: the argument left out, for its default
+# (iters=10, warmup=2), and (10, 2): the defaults spelled out
+TIMING_CALLS = [(5, 3), (1, 0), (2, 1), (None, None), (10, 2)]
+DEFAULT_ITERS, DEFAULT_WARMUP = 10, 2
 
 
 def _timing_rank(ref: grading.ModuleRef):
@@ -181,16 +184,26 @@ def _timing_rank(ref: grading.ModuleRef):
     for iters, warmup in TIMING_CALLS:
         clock = FakeClock(step=1e-3 * (dist.get_rank() + 1))  # rank r takes (r+1) ms per call
         clock.now = 1e3 * dist.get_rank()  # the clocks of different ranks need not agree on the time of day
-        seconds = mod.time_collective(clock.work, torch.zeros(4), iters=iters, warmup=warmup, clock=clock)
+        given = {k: v for k, v in (("iters", iters), ("warmup", warmup)) if v is not None}
+        seconds = mod.time_collective(clock.work, torch.zeros(4), clock=clock, **given)
         out.append((seconds, clock.calls))
+    # the default clock (time.perf_counter): no value to expect, but every rank must report the same one
+    out.append(mod.time_collective(lambda tensor: None, torch.zeros(4), iters=2, warmup=0))
     return out
 
 
 def test_1_3_time_collective_reports_the_slowest_rank(grade):
     results = run_world(_timing_rank, 3, args=(grade("1.3"),))
+    real = [calls_of_rank[-1] for calls_of_rank in results]
+    assert len(set(real)) == 1 and math.isfinite(real[0]) and real[0] >= 0, (
+        f"time_collective with its default clock returned {real} on ranks 0..2: every rank must return the same "
+        "number (the slowest rank's seconds per call), finite and >= 0")
     for rank, calls_of_rank in enumerate(results):
         for (iters, warmup), (seconds, calls) in zip(TIMING_CALLS, calls_of_rank):
             what = f"rank {rank}, time_collective(iters={iters}, warmup={warmup})"
+            if iters is None:
+                what = f"rank {rank}, time_collective(fn, tensor, clock=clock) (iters and warmup left to their defaults)"
+                iters, warmup = DEFAULT_ITERS, DEFAULT_WARMUP
             assert calls == iters + warmup, f"{what}: fn ran {calls} times, expected warmup + iters = {warmup + iters}"
             assert seconds == pytest.approx(3e-3), (
                 f"{what} reported {seconds * 1e3:.4g} ms per call; the slowest rank takes 3 ms per timed "

@@ -166,8 +166,11 @@ def _sync_kinds_rank(ref: grading.ModuleRef):
     single = _OneWeight()
     _kinds_loss(single, inputs, targets, sum(KINDS_SPLITS[:rank]), KINDS_SPLITS[rank]).backward()
     mod.sync_gradients(single, KINDS_SPLITS[rank])
+    double = _OneWeight().double()  # float64 parameters: the weights and sums in their dtype
+    _kinds_loss(double, inputs.double(), targets, sum(KINDS_SPLITS[:rank]), KINDS_SPLITS[rank]).backward()
+    mod.sync_gradients(double, KINDS_SPLITS[rank])
     return ({name: None if p.grad is None else p.grad.clone() for name, p in model.named_parameters()}, calls,
-            single.linear.weight.grad.clone())
+            single.linear.weight.grad.clone(), double.linear.weight.grad.clone())
 
 
 class _OneWeight(nn.Module):
@@ -189,12 +192,17 @@ def test_1_4_sync_gradients_with_frozen_and_tied_parameters(grade):
     model, (inputs, targets) = ManyKinds(), _batch()
     _kinds_loss(model, inputs, targets, 0, GLOBAL_BATCH).backward()
     expected = {name: p.grad for name, p in model.named_parameters()}
-    single = _OneWeight()
+    single, double = _OneWeight(), _OneWeight().double()
     _kinds_loss(single, inputs, targets, 0, GLOBAL_BATCH).backward()
+    _kinds_loss(double, inputs.double(), targets, 0, GLOBAL_BATCH).backward()
     problems = []
-    for rank, (grads, calls, single_grad) in enumerate(results):
+    for rank, (grads, calls, single_grad, double_grad) in enumerate(results):
         problems += state_dict_problems({"weight": single_grad}, {"weight": single.linear.weight.grad},
                                         f"rank {rank}, a model whose only parameter is one Linear weight:")
+        if double_grad.dtype != torch.float64:
+            problems.append(f"rank {rank}: a float64 parameter's gradient became {double_grad.dtype} in sync_gradients")
+        problems += state_dict_problems({"weight": double_grad}, {"weight": double.linear.weight.grad},
+                                        f"rank {rank}, one float64 Linear weight:", rtol=1e-10, atol=1e-12)
         what = f"rank {rank} (local batch {KINDS_SPLITS[rank]})"
         for name, grad in grads.items():
             if expected[name] is None and grad is not None:
@@ -339,7 +347,11 @@ def _group_rank(ref: grading.ModuleRef):
     model = build_model("mlp", (1, 8, 8), 10, seed=0)
     F.cross_entropy(model(inputs[start:start + n]), targets[start:start + n]).backward()
     mod.sync_gradients(model, n, group=groups[rank // 2])
-    return {name: p.grad.clone() for name, p in model.named_parameters()}
+    whole = build_model("mlp", (1, 8, 8), 10, seed=0)  # the world's group spelled out: what group=None stands for
+    F.cross_entropy(whole(inputs[start:start + n]), targets[start:start + n]).backward()
+    mod.sync_gradients(whole, n, group=dist.group.WORLD)
+    return {name: p.grad.clone() for name, p in model.named_parameters()}, \
+        {name: p.grad.clone() for name, p in whole.named_parameters()}
 
 
 def test_1_4_sync_gradients_averages_within_its_group(grade):
@@ -351,7 +363,12 @@ def test_1_4_sync_gradients_averages_within_its_group(grade):
         F.cross_entropy(model(inputs[first:last]), targets[first:last]).backward()
         expected = {name: p.grad for name, p in model.named_parameters()}
         for rank in (0, 1) if first == 0 else (2, 3):
-            problems += state_dict_problems(results[rank], expected, f"rank {rank} (group of samples {first}..{last - 1})")
+            problems += state_dict_problems(results[rank][0], expected, f"rank {rank} (group of samples {first}..{last - 1})")
+    model = build_model("mlp", (1, 8, 8), 10, seed=0)
+    F.cross_entropy(model(inputs[:sum(GROUP_SPLITS)]), targets[:sum(GROUP_SPLITS)]).backward()
+    for rank in range(4):
+        problems += state_dict_problems(results[rank][1], {name: p.grad for name, p in model.named_parameters()},
+                                        f"rank {rank}, group=dist.group.WORLD (all 10 samples)")
     assert_no_problems(problems, f"sync_gradients(model, n, group=g) with groups {{0, 1}}, {{2, 3}} and local batches "
                                  f"{GROUP_SPLITS}: each rank must hold the mean-loss gradient over its group's samples only "
                                  "(pass group= to every collective)")
@@ -365,38 +382,53 @@ def _steps_batches():
     return [(torch.randn(7, 1, 8, 8, generator=gen), torch.randint(0, 10, (7,), generator=gen)) for _ in range(STEPS)]
 
 
+TRAIN_STEP_PARTS = [slice(0, 3), slice(3, 5), slice(5, 7)]  # uneven: 3 + 2 + 2 samples of 7
+TRAIN_STEP_OPTIMIZERS = {  # a stateful SGD, and an adaptive optimizer (its update is not linear in the gradient)
+    "SGD(momentum=0.9)": lambda params: torch.optim.SGD(params, lr=LR, momentum=0.9),
+    "AdamW(weight_decay=0.1)": lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1),
+}
+
+
 def _train_step_rank(ref: grading.ModuleRef):
     mod = ref.load()
     rank = dist.get_rank()
-    model = build_model("mlp", (1, 8, 8), 10, seed=100 + rank)  # replicas start different on purpose
-    mod.broadcast_parameters(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
-    for param in model.parameters():  # stale gradients (an earlier backward, say): the step must not add them in
-        param.grad = torch.full_like(param, 1.0 + rank)
-    losses = []
-    for inputs, targets in _steps_batches():
-        part = slice(0, 4) if rank == 0 else slice(4, 7)  # uneven: 4 + 3 samples
-        losses.append(mod.train_step(model, optimizer, inputs[part], targets[part]))
-    return losses, {k: v.clone() for k, v in model.state_dict().items()}
+    out = {}
+    for name, make in TRAIN_STEP_OPTIMIZERS.items():
+        model = build_model("mlp", (1, 8, 8), 10, seed=100 + rank)  # replicas start different on purpose
+        mod.broadcast_parameters(model)
+        optimizer = make(model.parameters())
+        for param in model.parameters():  # stale gradients (an earlier backward, say): the step must not add them in
+            param.grad = torch.full_like(param, 1.0 + rank)
+        losses = []
+        for inputs, targets in _steps_batches():
+            part = TRAIN_STEP_PARTS[rank]
+            losses.append(mod.train_step(model, optimizer, inputs[part], targets[part]))
+        out[name] = (losses, {k: v.clone() for k, v in model.state_dict().items()})
+    return out
 
 
 def test_1_4_train_step_matches_single_process(grade):
-    results = run_world(_train_step_rank, 2, args=(grade("1.4"),))
-    model = build_model("mlp", (1, 8, 8), 10, seed=100)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
-    expected_losses = []
-    for inputs, targets in _steps_batches():
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(inputs), targets)
-        loss.backward()
-        optimizer.step()
-        expected_losses.append(loss.item())
+    results = run_world(_train_step_rank, len(TRAIN_STEP_PARTS), args=(grade("1.4"),))
     problems = []
-    for rank, (losses, params) in enumerate(results):
-        problems += state_dict_problems(params, model.state_dict(), f"after {STEPS} steps, rank {rank}", rtol=1e-4, atol=1e-5)
-        if losses != pytest.approx(expected_losses, rel=1e-4):
-            problems.append(f"rank {rank}: train_step returned losses {losses}, expected the global mean losses {expected_losses}")
-    assert_no_problems(problems, "2 ranks (4 + 3 samples per step) must take exactly the steps of one process on all 7 samples")
+    for name, make in TRAIN_STEP_OPTIMIZERS.items():
+        model = build_model("mlp", (1, 8, 8), 10, seed=100)
+        optimizer = make(model.parameters())
+        expected_losses = []
+        for inputs, targets in _steps_batches():
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            expected_losses.append(loss.item())
+        for rank, result in enumerate(results):
+            losses, params = result[name]
+            problems += state_dict_problems(params, model.state_dict(), f"{name}, after {STEPS} steps, rank {rank}",
+                                            rtol=1e-4, atol=1e-5)
+            if losses != pytest.approx(expected_losses, rel=1e-4):
+                problems.append(f"{name}, rank {rank}: train_step returned losses {losses}, expected the global mean "
+                                f"losses {expected_losses}")
+    assert_no_problems(problems, "3 ranks (3 + 2 + 2 samples per step) must take exactly the steps of one process on "
+                                 "all 7 samples, with torch.optim.SGD(momentum) and torch.optim.AdamW")
 
 
 class _OnAnotherDevice(torch.Tensor):

@@ -493,3 +493,59 @@ def test_precision_modules_reject_bad_arguments():
     scaler.unscale_(optimizer)
     with pytest.raises(RuntimeError, match="unscale_"):  # gradients would be divided twice
         scaler.unscale_(optimizer)
+
+
+class _ReturningSGD(torch.optim.SGD):
+    """An optimizer whose step() returns something (as step(closure) returns the closure's loss)."""
+
+    def step(self, closure=None):
+        super().step(closure)
+        return "stepped"
+
+
+def _mp_direct_trace(scaler, inf_at: int = 2) -> dict:
+    """GradScaler's loop written out by hand: scale a NON-scalar output (then sum it), unscale_ explicitly (with
+    frozen and unused parameters whose .grad is None), clip, step (its return value), update; an inf in one
+    gradient at step `inf_at`; also scale() of a bf16 and of a 2-D tensor."""
+    torch.manual_seed(3)
+    model = _PartlyTrained()
+    optimizer = _ReturningSGD(model.parameters(), lr=0.1, momentum=0.9)
+    trace = {"returned": [], "scale": [], "scaled": []}
+    for step, (inputs, targets) in enumerate(_accum_batch(8, s) for s in range(4)):
+        optimizer.zero_grad()
+        scaler.scale(model(inputs) - F.one_hot(targets, 10)).pow(2).sum().div(2.0**16).backward()
+        if step == inf_at:
+            next(p for p in model.parameters() if p.grad is not None).grad[0].fill_(float("inf"))
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], 1.0,
+                                       error_if_nonfinite=False)
+        trace["returned"].append(scaler.step(optimizer))
+        scaler.update()
+        trace["scale"].append(scaler.get_scale())
+    for t in (torch.tensor(3.0, dtype=torch.bfloat16), torch.tensor([[1.0, -2.0], [0.5, 4.0]])):
+        trace["scaled"].append(scaler.scale(t).float())
+    trace["params"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return trace
+
+
+def test_2_2_loss_scaler_used_by_hand_like_grad_scaler(grade):
+    """LossScaler driven as torch.amp.GradScaler is by hand: scale() of a non-scalar tensor and of a bf16 one,
+    unscale_ called explicitly with parameters whose .grad is None (frozen, unused), a clip between unscale_ and
+    step, step() returning what optimizer.step() returned (None when skipped), an inf in one step: the same
+    returns, scales and parameters as GradScaler('cpu') with the same arguments."""
+    mod = grade("2.2").load()
+    kwargs = dict(init_scale=2.0**10, growth_factor=2.0, backoff_factor=0.5, growth_interval=2)
+    ours, theirs = _mp_direct_trace(mod.LossScaler(**kwargs)), _mp_direct_trace(torch.amp.GradScaler("cpu", **kwargs))
+    problems = []
+    if ours["returned"] != theirs["returned"]:
+        problems.append(f"LossScaler.step returned {ours['returned']} in the 4 steps, GradScaler {theirs['returned']} "
+                        "(what optimizer.step() returned; None for the step skipped on an inf)")
+    if ours["scale"] != theirs["scale"]:
+        problems.append(f"the scale after each update: {ours['scale']}, GradScaler's {theirs['scale']}")
+    for i, (a, b) in enumerate(zip(ours["scaled"], theirs["scaled"])):
+        problem = diff_report(a, b, f"LossScaler.scale({['a bf16 scalar', 'a 2-D tensor'][i]})", rtol=1e-2, atol=0)
+        if problem:
+            problems.append(problem)
+    problems += state_dict_problems(ours["params"], theirs["params"], "after 4 steps, parameter", rtol=1e-5, atol=1e-6)
+    assert_no_problems(problems, "LossScaler used by hand (scale, unscale_, clip, step, update) against "
+                                 "torch.amp.GradScaler('cpu'):")

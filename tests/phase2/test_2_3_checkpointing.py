@@ -430,3 +430,95 @@ def test_2_3_saved_bytes_fall_as_predicted(grade, expand):
                                  f"saved_tensors_hooks, parameters excluded:")
     best = 8 if expand else 4  # sqrt(n * A / c) = sqrt(80) ~ 8.9, or sqrt(16) = 4
     assert measured[best] == min(measured.values()) < plain, f"test bug: k = {best} should save the least: {measured}"
+
+
+def _direct_case(mod, x_grad: bool, params: str, mode: str):
+    """CheckpointFunction.apply(run, x, *params) against run(x) without checkpointing: output and every gradient.
+    params: "all" (the Linear's weight and bias), "frozen" (the bias requires no grad), "spare" (a parameter run
+    does not use, passed too), "none" (no params at all: x must then need a gradient). mode: "grad", "no_grad"
+    (an evaluation: no graph), "autocast" (bf16 on the CPU)."""
+    torch.manual_seed(5)
+    linear, spare = nn.Linear(4, 4), nn.Parameter(torch.randn(4))
+    if params == "frozen":
+        linear.bias.requires_grad_(False)
+    x = torch.randn(3, 4, requires_grad=x_grad)
+
+    def run(t):
+        return torch.tanh(linear(t)) * 2.0
+
+    passed = {"all": [linear.weight, linear.bias], "frozen": [linear.weight, linear.bias],
+              "spare": [linear.weight, linear.bias, spare], "none": []}[params]
+    context = torch.no_grad() if mode == "no_grad" else \
+        torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext()
+    results = {}
+    for name, call in (("checkpointed", lambda: mod.CheckpointFunction.apply(run, x, *passed)), ("plain", lambda: run(x))):
+        for t in (x, linear.weight, linear.bias, spare):
+            t.grad = None
+        with context:
+            y = call()
+        if y.requires_grad:
+            y.float().pow(2).sum().backward()
+        results[name] = {"y": y.detach().float(), "requires_grad": y.requires_grad,
+                         "grads": {k: None if t.grad is None else t.grad.clone()
+                                   for k, t in (("x", x), ("weight", linear.weight), ("bias", linear.bias),
+                                                ("spare", spare))}}
+    return results
+
+
+def test_2_3_checkpoint_function_applied_directly(grade):
+    """CheckpointFunction.apply(run_function, x, *params) used alone, as its docstring allows: x that needs no
+    gradient (the data) with params that do; a frozen parameter among params (None); a parameter run_function
+    does not use (None); no params, x needing a gradient; under torch.no_grad() (no graph, the same output) and
+    under autocast (the same output and gradients as run_function under autocast)."""
+    mod = grade("2.3").load()
+    problems = []
+    for x_grad, params, mode in [(False, "all", "grad"), (True, "all", "grad"), (False, "frozen", "grad"),
+                                 (True, "spare", "grad"), (True, "none", "grad"), (False, "all", "no_grad"),
+                                 (True, "all", "autocast")]:
+        what = f"CheckpointFunction.apply(run, x, <{params} params>), x.requires_grad={x_grad}, {mode}"
+        got = _direct_case(mod, x_grad, params, mode)
+        ours, plain = got["checkpointed"], got["plain"]
+        tol = dict(rtol=2e-2, atol=2e-2) if mode == "autocast" else dict(rtol=1e-6, atol=1e-7)
+        problem = diff_report(ours["y"], plain["y"], f"{what}: output", **tol)
+        if problem:
+            problems.append(problem)
+        if ours["requires_grad"] != plain["requires_grad"]:
+            problems.append(f"{what}: the output requires_grad={ours['requires_grad']}, without checkpointing "
+                            f"{plain['requires_grad']}")
+        for name, want in plain["grads"].items():
+            have = ours["grads"][name]
+            if params == "spare" and name == "spare" or params == "none" and name in ("weight", "bias"):
+                want = None  # passed but unused by run_function, or not passed: no gradient through the Function
+            if (have is None) != (want is None):
+                problems.append(f"{what}: the gradient of {name} is {'None' if have is None else 'set'}, "
+                                f"expected {'None' if want is None else 'a tensor'}")
+            elif want is not None:
+                problem = diff_report(have, want, f"{what}: gradient of {name}", **tol)
+                if problem:
+                    problems.append(problem)
+    assert_no_problems(problems, "CheckpointFunction used directly must give run_function's output and gradients "
+                                 "(None where a parameter needs none or is not used):")
+
+
+def test_2_3_checkpoint_sequential_in_an_evaluation(grade):
+    """An evaluation: blocks in eval mode (dropout off), under torch.no_grad(), and in eval mode with grad: the
+    output of the blocks run one after the other, and no graph kept under torch.no_grad()."""
+    mod = grade("2.3").load()
+    problems = []
+    blocks = _ckpt_blocks(6, dropout=0.3)
+    for block in blocks:
+        block.eval()
+    x = torch.randn(4, _CKPT_WIDTH, generator=torch.Generator().manual_seed(2))
+    expected = x
+    for block in blocks:
+        expected = block(expected)
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            got = mod.checkpoint_sequential(blocks, 3, x)
+        what = f"checkpoint_sequential(6 blocks in eval mode, 3 segments, x){'' if grad else ' under torch.no_grad()'}"
+        problem = diff_report(got.detach(), expected.detach(), f"{what}: output", rtol=1e-6, atol=1e-7)
+        if problem:
+            problems.append(problem)
+        if got.requires_grad != grad:
+            problems.append(f"{what}: the output requires_grad={got.requires_grad}, expected {grad}")
+    assert_no_problems(problems, "checkpoint_sequential in an evaluation must compute the blocks' output:")

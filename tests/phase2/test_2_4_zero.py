@@ -25,6 +25,7 @@ rows as FSDP2 cuts them, alike within the bounds each test states).
 from __future__ import annotations
 
 import copy
+import functools
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -184,13 +185,19 @@ _SCENARIOS = {
                        "parameters) and optimizer that take step 3", _mlp, "AdamW", _ADAM, 3, resume_after=2),
 }
 _NAMES = {1: ["adam", "sgd", "accumulate", "unused", "groups", "tied_frozen", "adafactor", "resume"],
-          3: ["adam", "sgd", "accumulate", "unused", "frozen", "tied_adam", "tuple", "two_forwards", "refusals"]}
+          3: ["adam", "sgd", "accumulate", "unused", "frozen", "tied_adam", "tuple", "two_forwards", "refusals",
+              "modes"]}
 _NAMES[2] = _NAMES[1] + ["closure", "refusals"]
 _NAMES[1] = _NAMES[1] + ["closure", "refusals"]
 # the world of 2: stages 1 and 2 again; stage 3 as CS336's FSDP tests run it, and against torch's fully_shard
-_SMALL_NAMES = {1: ["groups", "tied_frozen"], 2: ["groups", "tied_frozen"],
+_SMALL_NAMES = {1: ["groups", "tied_frozen", "differential"], 2: ["groups", "tied_frozen", "differential"],
                 3: ["peer_fp32", "peer_fp16", "peer_bf16", "fully_shard"]}
 _OTHER_WHAT = {"refusals": "the documented errors",
+               "modes": "ZeroStage3(model, compute_dtype=torch.float32, replicate_below=0) (the defaults spelled out) "
+                        "read before any step, evaluated in eval mode under torch.no_grad() and under autocast, then "
+                        "trained with a keyword argument (test test_2_4_modes_and_spelled_defaults_stage3)",
+               "differential": "torch.optim.SGD, Adam and AdamW with options drawn by Hypothesis (test "
+                               "test_2_4_matches_torch_optim_for_drawn_options)",
                "fully_shard": "3 AdamW steps next to torch's fully_shard on the same model",
                **{f"peer_{name}": f"3 SGD steps of a small language model with compute dtype {name} (CS336's FSDP tests)"
                   for name in ("fp32", "fp16", "bf16")}}
@@ -577,9 +584,230 @@ def _zero_stage_rank(ref: grading.ModuleRef, stage: int) -> dict:
     mod = ref.load()
     names = _NAMES[stage] if dist.get_world_size() == _WORLD else _SMALL_NAMES[stage]
     special = {"refusals": partial(_refusals, mod, stage), "fully_shard": partial(_run_against_fully_shard, mod),
+               "differential": partial(_run_differential, mod, stage), "modes": partial(_run_modes, mod),
                **{name: partial(_run_peer, mod, dtype) for name, dtype in _PEER_DTYPES.items()}}
     return run_scenarios({name: special.get(name, partial(_run_scenario, mod, stage, name)) for name in names},
                          _AGREE_S)
+
+
+# ---------------------------------------------------------------- stages 1-2 against torch.optim, options drawn
+
+
+_DRAWS = 12  # configurations per stage (+ _FIXED_CASES), in the one world of 2 ranks (about 1.5 s a rank, 2 s here)
+
+
+@functools.lru_cache(maxsize=1)
+def _differential_configs() -> list[dict]:
+    """_FIXED_CASES, then _DRAWS configurations, the same list in every process (derandomized: Hypothesis's fixed
+    seed)."""
+    from hypothesis import HealthCheck, Phase, given, settings, strategies as st  # here: only this world needs it
+
+    found = []
+    @st.composite
+    def _optimizer_cases(draw) -> dict:
+        """A wrapped torch.optim optimizer with options drawn across what its docstring allows, alone and together:
+        SGD with or without momentum (dampening, nesterov), weight decay with momentum 0, Adam/AdamW with weight decay,
+        amsgrad, betas, maximize, a tensor lr; float32, float64 or bfloat16 parameters, fewer than the ranks or more,
+        a frozen one, given as a generator, a list, a list naming one twice, or two param groups; a parameter without
+        gradient in step 2; zero_grad(set_to_none=True/False/left out)."""
+        name = draw(st.sampled_from(["SGD", "Adam", "AdamW"]))
+        kwargs = {"lr": draw(st.sampled_from([0.1, 0.01]))}
+        if name == "SGD":
+            momentum = draw(st.sampled_from([0.0, 0.9]))
+            if momentum or draw(st.booleans()):  # momentum 0 spelled out, or left to its default
+                kwargs["momentum"] = momentum
+            if momentum and draw(st.booleans()):
+                kwargs["nesterov"] = True
+            elif momentum:
+                kwargs["dampening"] = draw(st.sampled_from([0.0, 0.5]))
+            kwargs["weight_decay"] = draw(st.sampled_from([0.0, 0.01]))
+        else:
+            kwargs["weight_decay"] = draw(st.sampled_from([0.0, 0.1]))
+            kwargs["amsgrad"] = draw(st.booleans())
+            if draw(st.booleans()):
+                kwargs["betas"] = (0.8, 0.99)
+        if draw(st.booleans()):
+            kwargs["maximize"] = True
+        return {"optimizer": name, "kwargs": kwargs,
+                "lr_tensor": name != "SGD" and draw(st.booleans()),
+                "dtype": draw(st.sampled_from(["float32", "float64", "bfloat16"])),
+                "shapes": draw(st.lists(st.sampled_from([(3,), (2, 3), (5,), (1,), (4, 2)]), min_size=1, max_size=4)),
+                "frozen": draw(st.booleans()),
+                "params": draw(st.sampled_from(["generator", "list", "list naming one twice", "groups"])),
+                "unused_in_step_2": draw(st.booleans()),
+                "set_to_none": draw(st.sampled_from([True, False, None])),  # None: zero_grad() with its default
+                "seed": draw(st.integers(0, 2**16))}
+
+    @settings(max_examples=_DRAWS, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(_optimizer_cases())
+    def collect(case):
+        found.append(case)
+    collect()
+    return [*_FIXED_CASES, *found[:_DRAWS]]
+
+
+def _fixed(optimizer: str, kwargs: dict, **rest) -> dict:
+    case = {"optimizer": optimizer, "kwargs": kwargs, "lr_tensor": False, "dtype": "float32", "shapes": [(3,), (2, 3)],
+            "frozen": False, "params": "list", "unused_in_step_2": False, "set_to_none": True, "seed": 1}
+    return {**case, **rest}
+
+
+# combinations every run covers, whatever Hypothesis draws: dampening; weight decay with momentum 0 and maximize; a
+# subclass of an element-wise optimizer (accepted by both stages)
+_FIXED_CASES = [
+    _fixed("SGD", dict(lr=0.1, momentum=0.9, dampening=0.5, weight_decay=0.01), set_to_none=False),
+    _fixed("SGD", dict(lr=0.1, weight_decay=0.01, maximize=True), params="generator", unused_in_step_2=True),
+    _fixed("SubclassedAdamW", dict(lr=0.01, weight_decay=0.1, amsgrad=True), dtype="float64", frozen=True),
+]
+
+
+class SubclassedAdamW(torch.optim.AdamW):
+    """A user's subclass of torch.optim.AdamW (one of ZeroStage2.ELEMENTWISE): accepted, steps as AdamW."""
+
+
+def _optimizer_class(name: str):
+    return SubclassedAdamW if name == "SubclassedAdamW" else getattr(torch.optim, name)
+
+
+def _differential_setup(case: dict):
+    """(parameters, their per-step per-rank gradients, the params argument for the wrapper, the deduplicated one for
+    torch.optim). Gradients are multiples of 1/4 in [-2, 2]: their mean over 2 ranks is exact in every dtype, so the
+    wrapper and torch.optim step on the same numbers."""
+    gen = torch.Generator().manual_seed(case["seed"])
+    dtype = getattr(torch, case["dtype"])
+    params = [nn.Parameter(torch.randn(shape, generator=gen).to(dtype)) for shape in case["shapes"]]
+    if case["frozen"]:
+        params.append(nn.Parameter(torch.randn(3, generator=gen).to(dtype), requires_grad=False))
+    grads = [[[torch.randint(-8, 9, p.shape, generator=gen).to(dtype) / 4 for _ in range(_SMALL_WORLD)]
+              for p in params] for _ in range(3)]
+    return params, grads
+
+
+def _differential_params(case: dict, params: list, dedup: bool):
+    kind = case["params"]
+    if kind == "generator":
+        return (p for p in params)
+    if kind == "list naming one twice":
+        return list(params) if dedup else [*params, params[0]]
+    if kind == "groups":
+        half = max(1, len(params) // 2)
+        groups = [{"params": params[:half]}, {"params": params[half:], "lr": 0.05, "weight_decay": 0.02}]
+        return [g for g in groups if g["params"]]
+    return list(params)
+
+
+def _differential_step(optimizer, case: dict, params: list, grads: list, step: int, average: bool, rank: int) -> None:
+    if case["set_to_none"] is None:
+        optimizer.zero_grad()
+    else:
+        optimizer.zero_grad(set_to_none=case["set_to_none"])
+    terms = []
+    for i, p in enumerate(params):
+        if not p.requires_grad or (step == 1 and case["unused_in_step_2"] and i == 0):
+            continue  # no gradient this step: torch.optim skips a .grad of None
+        g = (grads[step][i][0] + grads[step][i][1]) / 2 if average else grads[step][i][rank]
+        terms.append((p * g).sum())
+    if terms:  # else no parameter has a gradient this step: step() must skip them all
+        sum(terms).backward()
+    optimizer.step()
+
+
+def _differential_options(case: dict) -> dict:
+    kwargs = dict(case["kwargs"])
+    if case["lr_tensor"]:
+        kwargs["lr"] = torch.tensor(kwargs["lr"])
+    return kwargs
+
+
+def _run_differential(mod, stage: int) -> dict:
+    """In a rank: each drawn configuration, 3 steps of the stage's wrapper on this rank's gradients."""
+    configs = _differential_configs()
+    out = []
+    for case in configs:
+        params, grads = _differential_setup(case)
+        cls = _optimizer_class(case["optimizer"])
+        optimizer = getattr(mod, _CLASSES[stage])(_differential_params(case, params, dedup=False), cls,
+                                                  **_differential_options(case))
+        for step in range(3):
+            _differential_step(optimizer, case, params, grads, step, average=False, rank=dist.get_rank())
+        out.append([p.detach().double().clone() for p in params])
+    return {"configs": configs, "params": out}
+
+
+_differential_truths: dict = {}
+
+
+def _differential_truth(index: int) -> list[torch.Tensor]:
+    """One process: torch.optim over the same parameters, stepping on the mean of the ranks' gradients."""
+    if index in _differential_truths:
+        return _differential_truths[index]
+    case = _differential_configs()[index]
+    params, grads = _differential_setup(case)
+    optimizer = _optimizer_class(case["optimizer"])(_differential_params(case, params, dedup=True),
+                                                        **_differential_options(case))
+    for step in range(3):
+        _differential_step(optimizer, case, params, grads, step, average=True, rank=0)
+    _differential_truths[index] = [p.detach().double() for p in params]
+    return _differential_truths[index]
+
+
+# ---------------------------------------------------------------- stage 3: modes, a keyword, spelled-out defaults
+
+
+class KeywordNet(nn.Module):
+    """Three units, the last a Linear(1, 1) of 2 elements (fewer than the 3 ranks: a shard of padding); forward takes
+    a keyword argument."""
+
+    def __init__(self):
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(3)
+            self.a, self.b, self.c = nn.Linear(4, 6), nn.Linear(6, 2), nn.Linear(1, 1)
+
+    def forward(self, x, *, scale: float = 1.0):
+        h = self.b(torch.tanh(self.a(x)))
+        return self.c(h[:, :1]) * scale + h[:, 1:]
+
+
+_MODES_STEPS = 2
+_MODES_INPUTS = torch.randn(_BATCH, 4, generator=torch.Generator().manual_seed(21))
+_MODES_TARGETS = torch.randn(_BATCH, 1, generator=torch.Generator().manual_seed(22))
+
+
+def _modes_evaluate(net: nn.Module, inputs: torch.Tensor) -> dict:
+    """What an evaluation reads: eval mode under torch.no_grad(), plain and under bf16 autocast; back to train mode."""
+    net.eval()
+    with torch.no_grad():
+        plain = net(inputs, scale=0.5).float().clone()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            autocast = net(inputs, scale=0.5).float().clone()
+    net.train()
+    return {"plain": plain, "autocast": autocast}
+
+
+def _modes_train(net: nn.Module, optimizer, inputs, targets, evaluate) -> list[dict]:
+    """Per step: an evaluation first (its no-grad forwards leave nothing behind), then a training step whose forward
+    passes a keyword argument."""
+    evaluations = []
+    for _ in range(_MODES_STEPS):
+        evaluations.append(evaluate(net))
+        optimizer.zero_grad()
+        F.mse_loss(net(inputs, scale=2.0), targets).backward()
+        optimizer.step()
+    evaluations.append(evaluate(net))
+    return evaluations
+
+
+def _run_modes(mod) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    part = slice(rank * _BATCH // world, (rank + 1) * _BATCH // world)
+    net = mod.ZeroStage3(KeywordNet(), compute_dtype=torch.float32, replicate_below=0)
+    before = net.full_state_dict()  # before any forward or step
+    optimizer = torch.optim.Adam(net.parameters(), **_ADAM)
+    evaluations = _modes_train(net, optimizer, _MODES_INPUTS[part], _MODES_TARGETS[part],
+                               lambda n: _modes_evaluate(n, _MODES_INPUTS[part]))
+    return {"before": before, "after": net.full_state_dict(), "evaluations": evaluations}
 
 
 # ---------------------------------------------------------------- in the parent
@@ -1120,6 +1348,68 @@ def _check_matches_fully_shard(grade, stage):
                                  "by its local shard):")
 
 
+def _check_matches_torch_optim_for_drawn_options(grade, stage):
+    """Differential test against torch.optim (one world of 2 ranks, _DRAWS configurations drawn by Hypothesis,
+    derandomized): SGD (momentum 0 or 0.9, dampening, nesterov, weight decay with or without momentum), Adam and
+    AdamW (weight decay, amsgrad, betas, a tensor lr), maximize; float32/float64/bfloat16 parameters, fewer or more
+    than the ranks, a frozen one, a generator, a list, a list naming one twice, two param groups; a parameter
+    without gradient in step 2; zero_grad(set_to_none=True/False/default). After 3 steps every rank's parameters
+    equal torch.optim's in one process stepping on the mean of the ranks' gradients."""
+    results = _results(grade("2.4"), stage, "differential", _SMALL_WORLD)
+    configs = _differential_configs()
+    problems = []
+    for rank, r in enumerate(results):
+        if r["configs"] != configs:
+            problems.append(f"rank {rank} drew other configurations than this process (Hypothesis not derandomized?)")
+            continue
+        for index, (case, got) in enumerate(zip(configs, r["params"])):
+            expected = _differential_truth(index)
+            tol = dict(rtol=2e-2, atol=2e-2) if case["dtype"] == "bfloat16" else \
+                dict(rtol=1e-5, atol=1e-6) if case["dtype"] == "float32" else dict(rtol=1e-10, atol=1e-12)
+            options = ", ".join(f"{k}={v}" for k, v in case["kwargs"].items())
+            what = (f"{_CLASSES[stage]}(<{case['params']} of {len(case['shapes'])} {case['dtype']} parameters"
+                    f"{' + a frozen one' if case['frozen'] else ''}>, torch.optim.{case['optimizer']}, {options}"
+                    f"{', lr a tensor' if case['lr_tensor'] else ''}), zero_grad(set_to_none={case['set_to_none']}), "
+                    f"{'parameter 0 without gradient in step 2, ' if case['unused_in_step_2'] else ''}rank {rank}")
+            for i, (a, b) in enumerate(zip(got, expected)):
+                problem = diff_report(a, b, f"{what}: parameter {i} after 3 steps", **tol)
+                if problem:
+                    problems.append(problem)
+                    break
+    assert_no_problems(problems, f"{_CLASSES[stage]} against torch.optim in one process on the mean gradient, "
+                                 f"{_DRAWS} drawn configurations on {_SMALL_WORLD} ranks:")
+
+
+def _check_modes_and_spelled_defaults(grade, stage):
+    """ZeroStage3(model, compute_dtype=torch.float32, replicate_below=0), the defaults spelled out, on a model whose
+    last unit (2 elements) is smaller than the world: full_state_dict() before any step is the model's weights; an
+    evaluation (eval mode, torch.no_grad(), plain and under bf16 autocast) before and after every step gives the
+    unwrapped model's outputs and leaves nothing behind: the training steps, whose forward passes a keyword
+    argument, end where one process with torch.optim.Adam ends."""
+    results = _results(grade("2.4"), stage, "modes")
+    model = KeywordNet()
+    start = {k: v.detach().clone() for k, v in model.named_parameters()}
+    optimizer = torch.optim.Adam(model.parameters(), **_ADAM)
+    expected = _modes_train(model, optimizer, _MODES_INPUTS, _MODES_TARGETS, lambda n: _modes_evaluate(n, _MODES_INPUTS))
+    problems = []
+    share = _BATCH // _WORLD
+    for rank, r in enumerate(results):
+        what = f"ZeroStage3(KeywordNet(), compute_dtype=torch.float32, replicate_below=0), rank {rank}"
+        problems += state_dict_problems(r["before"], start, f"{what}: full_state_dict() before any step:", 0, 0)
+        for i, (got, want) in enumerate(zip(r["evaluations"], expected)):
+            when = "before step 1" if i == 0 else f"after step {i}"
+            for kind, tol in (("plain", dict(rtol=1e-4, atol=1e-5)), ("autocast", dict(rtol=2e-2, atol=2e-2))):
+                problem = diff_report(got[kind], want[kind][rank * share:(rank + 1) * share],
+                                      f"{what}: eval-mode forward under torch.no_grad(){' and autocast' if kind == 'autocast' else ''} "
+                                      f"{when}", **tol)
+                if problem:
+                    problems.append(problem)
+        problems += state_dict_problems(r["after"], dict(model.named_parameters()),
+                                        f"{what}: after {_MODES_STEPS} steps:", rtol=1e-4, atol=1e-5)
+    assert_no_problems(problems, f"ZeroStage3 on {_WORLD} ranks: evaluations between training steps, a keyword "
+                                 "argument, the defaults spelled out, a unit smaller than the world:")
+
+
 def _one_test_per_stage(check, stages=tuple(_CLASSES)) -> None:
     """test_2_4_<what>_stage1..3 from `check(grade, stage)`: each stage is its own test (and world), so a
     negative control, or a learner's bug, in one stage fails only that stage's tests; each is marked with
@@ -1141,6 +1431,8 @@ for _check in (_check_param_groups_and_lr_scheduler, _check_optimizer_needing_wh
                _check_state_dict_round_trip):
     _one_test_per_stage(_check, stages=(1, 2))
 _one_test_per_stage(_check_step_with_closure, stages=(1, 2))
+_one_test_per_stage(_check_matches_torch_optim_for_drawn_options, stages=(1, 2))
+_one_test_per_stage(_check_modes_and_spelled_defaults, stages=(3,))
 _one_test_per_stage(_check_documented_errors)
 for _check in (_check_unit_returning_a_tuple, _check_two_forwards_then_one_backward,
                _check_two_ranks_match_one_process_bitwise, _check_compute_dtype_with_fp32_master_shards,

@@ -247,8 +247,97 @@ def _tp_subgroup(mod, data, dev):
             "attention": _tp_fwd_bwd(attention, data["x_attention"].to(dev), data["g_attention"].to(dev))}
 
 
+_TP_LEFT_OUT = object()  # an argument not passed: its default stands
+
+
+def _tp_kwargs(**options) -> dict:
+    return {k: v for k, v in options.items() if v is not _TP_LEFT_OUT}
+
+
+def _tp_built(mod, data, dev):
+    """Layers built by their constructors (every option spelled out or left to its default; group= left out, the
+    world's group spelled out, a subgroup in a world of 4) and filled by copy_from_full_ from the unsharded module;
+    then forward of data that needs no gradient, 2-D and 3-D, under torch.no_grad() and not, each against the
+    unsharded module here (single-process ground truth). Also the four region operators on 3-D float64 tensors.
+    Returns the problems found on this rank."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    c, problems = _TP_SIZES, []
+    groups = {"group left out": (_TP_LEFT_OUT, rank, world), "group=dist.group.WORLD": (dist.group.WORLD, rank, world)}
+    if world == 4:  # the world's group in the world of 2; here a subgroup only
+        halves = [dist.new_group(ranks) for ranks in _TP_HALVES]  # every rank creates both, in the same order
+        groups = {f"group={_TP_HALVES[rank // 2]}": (halves[rank // 2], rank % 2, 2)}
+    gen = torch.Generator().manual_seed(7)
+    x3 = {n: torch.randn(c["batch"], c["seq"], n, generator=gen).to(dev) for n in (c["col_in"], c["row_in"], c["hidden"])}
+    x2 = {n: t[0] for n, t in x3.items()}  # (seq, n): a 2-D input
+
+    def check(what, layer, full, x, expected_of):
+        for grad in (False, True):
+            for name, inputs in (("2-D", x2[x]), ("3-D", x3[x])):
+                with torch.set_grad_enabled(grad):
+                    got, want = layer(inputs), expected_of(full(inputs))
+                where = f"{what}, a {name} input that needs no gradient{'' if grad else ', under torch.no_grad()'}"
+                problem = diff_report(_tp_cpu(got), _tp_cpu(want), f"{where}: output", **_TP_TOL)
+                if problem:
+                    problems.append(problem)
+                elif grad and not got.requires_grad:
+                    problems.append(f"{where}: the output does not require grad (the parameters do)")
+
+    left = _TP_LEFT_OUT
+    combos = ((True, True), (False, False), (left, left), (False, True), (True, left))  # (bias, the layer's flag)
+    for group, r, p in groups.values():
+        for bias, gather in combos:
+            kw = _tp_kwargs(bias=bias, gather_output=gather, group=group)
+            full = nn.Linear(c["col_in"], c["col_out"], bias=bias is not False).to(dev)
+            layer = mod.ColumnParallelLinear(c["col_in"], c["col_out"], device=dev, **kw).copy_from_full_(full)
+            check(f"ColumnParallelLinear({c['col_in']}, {c['col_out']}, {kw}).copy_from_full_(full) on rank {rank}",
+                  layer, full, c["col_in"], lambda y, gather=gather: y if gather is True else y.chunk(p, dim=-1)[r])
+        for bias, parallel in combos:
+            kw = _tp_kwargs(bias=bias, input_is_parallel=parallel, group=group)
+            full = nn.Linear(c["row_in"], c["row_out"], bias=bias is not False).to(dev)
+            layer = mod.RowParallelLinear(c["row_in"], c["row_out"], device=dev, **kw).copy_from_full_(full)
+            if parallel is not False:  # the layer gets this rank's slice of the input, the full layer all of it
+                layer = (lambda module: lambda t: module(t.chunk(p, dim=-1)[r]))(layer)
+            check(f"RowParallelLinear({c['row_in']}, {c['row_out']}, {kw}).copy_from_full_(full) on rank {rank}",
+                  layer, full, c["row_in"], lambda y: y)
+        full = mod.MLP(c["hidden"], c["ffn"]).to(dev)
+        kw = _tp_kwargs(group=group)
+        check(f"ParallelMLP({c['hidden']}, {c['ffn']}, {kw}).copy_from_full_(mlp) on rank {rank}",
+              mod.ParallelMLP(c["hidden"], c["ffn"], **kw).copy_from_full_(full), full, c["hidden"], lambda y: y)
+        # causal; one head per rank and a sequence of 1; causal left to its default
+        for causal, embed, heads, seq in ((True, c["embed"], c["heads"], c["seq"]), (False, 4 * p, p, 1),
+                                          (left, c["embed"], c["heads"], 1)):
+            kw = _tp_kwargs(causal=causal, group=group)
+            full = mod.SelfAttention(embed, heads, causal=causal is True).to(dev)
+            layer = mod.ParallelSelfAttention(embed, heads, **kw).copy_from_full_(full)
+            x = torch.randn(c["batch"], seq, embed, generator=gen).to(dev)
+            with torch.no_grad():
+                problem = diff_report(_tp_cpu(layer(x)), _tp_cpu(full(x)),
+                                      f"ParallelSelfAttention({embed}, {heads}, {kw}).copy_from_full_(attn) on rank "
+                                      f"{rank}, input {tuple(x.shape)} under torch.no_grad(): output", **_TP_TOL)
+            if problem:
+                problems.append(problem)
+    # the region operators on a 3-D float64 tensor, different on every rank (forward)
+    base = torch.randn(2, 3, 4, dtype=torch.float64, generator=gen)
+    mine = (base * (rank + 1)).to(dev)
+    every = [base * (q + 1) for q in range(world)]
+    wide = torch.cat(every, dim=-1).to(dev)
+    for name, fn, x, expected in (
+            ("CopyToTensorParallelRegion", mod.CopyToTensorParallelRegion, mine, mine),
+            ("ReduceFromTensorParallelRegion", mod.ReduceFromTensorParallelRegion, mine, sum(every).to(dev)),
+            ("GatherFromTensorParallelRegion", mod.GatherFromTensorParallelRegion, mine, wide),
+            ("ScatterToTensorParallelRegion", mod.ScatterToTensorParallelRegion, wide, wide.chunk(world, dim=-1)[rank])):
+        y = fn.apply(x.clone().requires_grad_(True))
+        if y.dtype != torch.float64:
+            problems.append(f"{name}.apply(a float64 (2, 3, n) tensor) on rank {rank}: the output is {y.dtype}")
+        problem = diff_report(_tp_cpu(y).double(), _tp_cpu(expected), f"{name}.apply(a float64 (2, 3, n) tensor) "
+                                                                      f"on rank {rank}: output", rtol=1e-12, atol=1e-12)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
 _TP_SECTIONS = {"ops": _tp_ops, "column": _tp_column, "row": _tp_row, "mlp": _tp_mlp,
-                "attention": _tp_attention, "sizes": _tp_sizes, "subgroup": _tp_subgroup}
+                "attention": _tp_attention, "sizes": _tp_sizes, "subgroup": _tp_subgroup, "built": _tp_built}
 
 
 def _tp_rank(ref: grading.ModuleRef, data: dict):
@@ -512,6 +601,17 @@ def test_2_7_layers_built_on_a_group_communicate_only_within_it(grade):
                                            f"ParallelSelfAttention(group={ranks}) on rank {rank} of 4", ranks=ranks)
     assert_no_problems(problems, "with group=, the shards are those of the group's rank (dist.get_rank(group)) and its "
                                  "size, and every collective goes to that group (group=... in each call):")
+
+
+@pytest.mark.parametrize("world", _TP_WORLDS)
+def test_2_7_layers_built_by_their_constructors_match_the_full_ones(grade, world):
+    """Every layer built by its constructor, each option (bias, gather_output, input_is_parallel, causal, group)
+    spelled out or left to its default, group the world's or a subgroup, then filled by copy_from_full_: its
+    forward equals the unsharded module's (this rank's part of it), on data that needs no gradient, 2-D and 3-D,
+    under torch.no_grad() and not; an attention with one head per rank and a sequence of 1; the region operators
+    on 3-D float64 tensors."""
+    problems = [p for rank_problems in _tp_section(grade("2.7"), world, "built") for p in rank_problems]
+    assert_no_problems(problems, f"layers built by their constructors and copy_from_full_ in a world of {world}:")
 
 
 def test_tensor_parallel_sizes_that_do_not_split_raise_value_error(grade):

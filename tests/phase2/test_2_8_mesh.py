@@ -30,6 +30,7 @@ _MESH_SHAPES = [(2, 2), (4, 1), (1, 4)]  # (dp, tp)
 _MESH_MISFITS = [(3, 1), (2, 3), (1, 2)]  # (dp, tp) with dp * tp != 4: build_groups raises ValueError
 _MESH_SIZES = dict(batch=8, hidden=8, ffn=16, steps=3, lr=0.2)
 _MESH_TOL = dict(rtol=1e-5, atol=1e-6)
+_MESH_EDGES = [(0, 8), (1, 8), (3, 2)]  # (steps, global batch) on the (2, 2) mesh: no step, one, one sample per replica
 
 
 def _mesh_expected(rank: int, dp: int, tp: int) -> dict[str, list[int]]:
@@ -102,6 +103,14 @@ def _mesh_train_rank(ref: grading.ModuleRef, data: dict) -> dict:
                            "calls": [(call.name, call.numel, _mesh_ranks(call.group)) for call in log.calls]}
         except Exception as exc:  # noqa: BLE001 - reported by the tests
             out[dp, tp] = {"error": _mesh_error(exc)}
+    groups = reference.build_groups(2, 2)
+    for steps, batch in _MESH_EDGES:  # no step, one step, and a dp slice of one sample, on the (2, 2) mesh
+        try:
+            model = mod.train(_mesh_full(data), data["x"][:batch].clone(), data["y"][:batch].clone(), groups,
+                              steps=steps, lr=c["lr"])
+            out["edge", steps, batch] = {"params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()}}
+        except Exception as exc:  # noqa: BLE001 - reported by the tests
+            out["edge", steps, batch] = {"error": _mesh_error(exc)}
     return out
 
 
@@ -139,14 +148,14 @@ def _mesh_trained(ref: grading.ModuleRef) -> list:
     return results
 
 
-def _mesh_ground_truth(data: dict) -> dict:
+def _mesh_ground_truth(data: dict, steps: int | None = None, batch: int | None = None) -> dict:
     """One process, the whole global batch: the same SGD steps on the unsharded MLP."""
     c = _MESH_SIZES
     full = _mesh_full(data)
     optimizer = torch.optim.SGD(full.parameters(), lr=c["lr"])
-    for _ in range(c["steps"]):
+    for _ in range(c["steps"] if steps is None else steps):
         optimizer.zero_grad()
-        F.mse_loss(full(data["x"]), data["y"]).backward()
+        F.mse_loss(full(data["x"][:batch]), data["y"][:batch]).backward()
         optimizer.step()
     return {n: p.detach() for n, p in full.named_parameters()}
 
@@ -200,6 +209,27 @@ def test_2_8_training_on_the_mesh_equals_one_process(grade):
     assert_no_problems(problems, f"after {_MESH_SIZES['steps']} SGD steps every rank's shard must equal that shard of "
                                  "the MLP trained in one process on the whole global batch (a ParallelMLP over the "
                                  "tp group, this dp index's rows of the batch, gradients averaged over the dp group):")
+
+
+def test_2_8_training_edges_no_step_one_step_one_sample_per_replica(grade):
+    """On the (2, 2) mesh: steps=0 returns the shard untrained, steps=1 one step, and a global batch of 2 (one
+    sample per dp replica) trains as one process on those 2 samples."""
+    results = _mesh_trained(grade("2.8"))
+    data = _mesh_data()
+    problems = []
+    for steps, batch in _MESH_EDGES:
+        truth = _mesh_ground_truth(data, steps, batch)
+        for rank, result in enumerate(results):
+            got = result["edge", steps, batch]
+            if "error" in got:
+                _mesh_raise(rank, got["error"], f"train(steps={steps}) on a global batch of {batch}")
+            for name, full in truth.items():
+                where = f"train(steps={steps}), global batch {batch}, (2, 2) mesh, rank {rank}: {name}"
+                problem = diff_report(got["params"].get(name), _mesh_shard(name, full, rank % 2, 2), where, **_MESH_TOL) \
+                    if name in got["params"] else f"{where}: the returned model has no parameter {name}"
+                if problem:
+                    problems.append(problem)
+    assert_no_problems(problems, "train's edges must equal one process on the same samples and steps:")
 
 
 def test_2_8_activations_reduce_in_tp_gradients_average_in_dp(grade):

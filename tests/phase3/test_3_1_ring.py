@@ -116,13 +116,19 @@ def _refuses_integer_avg(mod) -> str | None:
 def _ring_rank(ref: grading.ModuleRef) -> dict:
     mod = ref.load()
     world = dist.get_world_size()
-    out = {"world": _cases(mod, None, list(range(world))), "int_avg": _refuses_integer_avg(mod), "groups": []}
+    out = {"world": _cases(mod, None, list(range(world))), "int_avg": _refuses_integer_avg(mod), "groups": [],
+           # ring_neighbours(group) as called: the default, the world's group spelled out, then each subgroup
+           "neighbours": [("the default group", list(range(world)), mod.ring_neighbours()),
+                          ("group=dist.group.WORLD", list(range(world)), mod.ring_neighbours(dist.group.WORLD))]}
     if world == 4:
         for partition in PARTITIONS:
             groups = [dist.new_group(members) for members in partition]  # every rank creates every group
             for members, group in zip(partition, groups):
                 if dist.get_rank() in members:
+                    out["neighbours"].append((f"the group {members}", members, mod.ring_neighbours(group)))
                     out["groups"] += _cases(mod, group, members)
+        # the world's group spelled out, for the three functions (the object group=None stands for)
+        out["groups"] += _cases(mod, dist.group.WORLD, list(range(world)))
     return out
 
 
@@ -247,6 +253,20 @@ def test_3_1_each_rank_sends_what_a_ring_must_send(grade, world_size):
 def test_3_1_receive_buffers_allocated_once_per_call(grade, world_size):
     records = _records(grade("3.1"), world_size, tuple(MAX_BUFFERS))
     assert_no_problems(_buffer_problems(records), f"receive buffers in a world of {world_size}:")
+
+
+def test_3_1_ring_neighbours_are_global_ranks(grade):
+    """ring_neighbours(group) returns (r, p, previous, next): the group rank, the group's size and the GLOBAL ranks of
+    group ranks r - 1 and r + 1, for the default group, the world's group spelled out and subgroups."""
+    problems = []
+    for rank, result in enumerate(_world(grade("3.1"), 4)):
+        for what, members, got in result["neighbours"]:
+            r, p = members.index(rank), len(members)
+            expected = (r, p, members[(r - 1) % p], members[(r + 1) % p])
+            if tuple(got) != expected:
+                problems.append(f"ring_neighbours on global rank {rank}, {what}: returned {tuple(got)}, expected "
+                                f"{expected} (group rank, group size, GLOBAL ranks of the previous and next members)")
+    assert_no_problems(problems, "ring_neighbours in a world of 4, groups [[0], [1, 2, 3]] and [[0, 2], [1, 3]]:")
 
 
 def test_3_1_subgroups(grade):

@@ -203,7 +203,18 @@ def _scenario_no_sync(mod, rank: int) -> dict:
             loss = _loss(model, 4, rank)  # still inside the outer block: no sync
         loss.backward()
 
+    def evaluation_between(model):
+        loss = _loss(model, 5, rank)  # decided: sync
+        with torch.no_grad(), model.no_sync():
+            _loss(model, 6, rank)  # an evaluation: builds no graph, decides nothing (torch DDP ignores it)
+        loss.backward()
+
+    def keywords(model):
+        _loss_with_keywords(model, 7, rank).backward()
+
     case("forward inside no_sync(), backward outside", forward_inside)
+    case(_EVALUATION, evaluation_between)
+    case(_KEYWORDS, keywords)
     case("forward outside no_sync(), backward inside", backward_inside)
     case("2 micro-batches, the first inside no_sync()", accumulate)
     case(_NESTED, nested)
@@ -211,6 +222,14 @@ def _scenario_no_sync(mod, rank: int) -> dict:
 
 
 _NESTED = "forward in an outer no_sync() after an inner no_sync() ended"
+_EVALUATION = "forward, then a forward under torch.no_grad() inside no_sync() (an evaluation), then the first backward"
+_KEYWORDS = "a forward whose input is passed by keyword"
+
+
+def _loss_with_keywords(model, step: int, rank: int) -> torch.Tensor:
+    """_loss with the input passed as a keyword argument: the wrapper must hand keywords to the module."""
+    x, y = _batch(step, rank)
+    return F.cross_entropy(model(x=x), y)
 
 
 def _scenario_unused(mod, rank: int) -> dict:
@@ -399,6 +418,10 @@ def test_3_2_assign_buckets_follows_the_rule(grade):
          80, [[2, 0], [1]]),
         ("leftover buckets in the order they were opened",
          params((1, f64, "cpu", True), (1, f32, "cpu", True), (1, f64, "cpu", True)), 1000, [[2, 0], [1]]),
+        ("cap_bytes=1: every parameter reaches the cap alone", params(*[(3, f32, "cpu", True)] * 3), 1,
+         [[2], [1], [0]]),
+        ("no parameters at all", [], 100, []),
+        ("only frozen parameters", params((5, f32, "cpu", False)), 100, []),
     ]
     problems = []
     for what, ps, cap, expected in cases:
@@ -481,7 +504,7 @@ def test_3_2_no_sync_decided_at_forward_like_ddp(grade):
     syncs = {"forward inside no_sync(), backward outside": False,
              "forward outside no_sync(), backward inside": True,
              "2 micro-batches, the first inside no_sync()": True,
-             _NESTED: False}
+             _NESTED: False, _EVALUATION: True, _KEYWORDS: True}
     for rank, r in enumerate(ranks):
         for what, should_sync in syncs.items():
             case = r[what]

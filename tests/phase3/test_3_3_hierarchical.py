@@ -202,6 +202,21 @@ def _reduce_checks(mod, groups, shape) -> dict:
                                 "and the inter-node group")
             elif op == "bytes" and len(nodes) > 1:
                 crossing += ring_elements_sent(call, len(members)) * dtype.itemsize
+    # a tensor not contiguous in memory (a transpose; its storage is the caller's): reduced in place all the same,
+    # not in a reshaped copy that is never written back
+    gen = torch.Generator().manual_seed(77 + rank)
+    base = torch.randn(5, 3, generator=gen)
+    actual = base.t()
+    expected = actual.contiguous()
+    dist.all_reduce(expected)
+    returned = mod.hierarchical_all_reduce(actual, groups)
+    where = f"hierarchical_all_reduce(a non-contiguous (3, 5) float32 view, the transpose of a (5, 3)) on rank {rank}, " \
+            f"{_where(shape)}"
+    if returned is not actual:
+        problems.append(f"{where}: must reduce the given tensor in place and return it")
+    problem = diff_report(base.t(), expected, f"{where}: the caller's storage afterwards", rtol=1e-5, atol=1e-4)
+    if problem:
+        problems.append(problem + " (a reshape of a non-contiguous tensor is a copy: write the result back)")
     exact_problems, exact_results = _exact_checks(mod, groups, shape)
     problems += exact_problems
     results.update(exact_results)

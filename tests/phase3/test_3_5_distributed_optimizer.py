@@ -75,6 +75,7 @@ class Scenario:
     lr_factors: tuple = ()  # if given, a LambdaLR on the wrapper with these factors per step
     model_zero_grad: bool = False  # clear gradients with model.zero_grad(): the wrapper's zero_grad is never called
     synchronize_first: bool = False  # optimizer.synchronize() before optimizer.step() (Horovod's clipping pattern)
+    frozen: bool = False  # Net.first frozen (requires_grad=False): no hook, no all-reduce, no update for it
 
 
 _SCENARIOS = {
@@ -101,7 +102,10 @@ _SCENARIOS = {
                                                  "SGD", dict(lr=0.1, momentum=0.9), 2, passes=2,
                                                  synchronize_first=True),
 }
-_ONE_PASS = ["sgd_momentum", "adam"]
+_SCENARIOS["adam_frozen_first_layer"] = Scenario("3 steps of Adam (weight decay 0.01) with the first layer frozen "
+                                                  "(requires_grad=False)", "Adam", dict(lr=1e-2, weight_decay=0.01),
+                                                  3, frozen=True)
+_ONE_PASS = ["sgd_momentum", "adam", "adam_frozen_first_layer"]
 _ACCUMULATE = ["sgd_accumulate", "adam_accumulate", "sgd_accumulate_model_zero_grad",
                "sgd_accumulate_synchronize_first"]
 
@@ -129,6 +133,8 @@ def _train(mod, name: str, size: int, group) -> dict | None:
         return None
     part = slice(rank * _M, (rank + 1) * _M)
     model = Net()
+    if scenario.frozen:
+        model.first.requires_grad_(False)
     model.events = events = []
     inner = getattr(torch.optim, scenario.optimizer)(model.parameters(), **scenario.hyper)
     optimizer = mod.DistributedOptimizer(inner, model, backward_passes_per_step=scenario.passes, group=group)
@@ -371,6 +377,8 @@ def _ground_truth(name: str, world: int) -> dict:
     if key not in _truths:
         scenario = _SCENARIOS[name]
         model = Net()
+        if scenario.frozen:
+            model.first.requires_grad_(False)
         optimizer = getattr(torch.optim, scenario.optimizer)(model.parameters(), **scenario.hyper)
         scheduler = _lambda_lr(optimizer, scenario) if scenario.lr_factors else None
         lrs = []
@@ -446,11 +454,13 @@ def test_3_5_no_communication_before_the_last_pass(grade, world):
 def test_3_5_each_gradient_all_reduced_once_per_step(grade, world):
     problems = []
     for name in _SCENARIOS:
+        trainable = [p for n, p in Net().named_parameters() if not (_SCENARIOS[name].frozen and n.startswith("first."))]
+        numel, tensors = sum(p.numel() for p in trainable), len(trainable)
         for rank, r in enumerate(_results(grade("3.5"), f"train:{name}:{world}", world)):
             for step, (step_passes, at_step) in enumerate(zip(r["passes"], r["at_step"]), start=1):
                 reduces = [n for c, n in step_passes[-1] + at_step if c == "all_reduce"]
                 others = sorted({c for c, _ in step_passes[-1] + at_step if c != "all_reduce"})
-                if sum(reduces) != _NUMEL or not 1 <= len(reduces) <= _TENSORS or others:
+                if sum(reduces) != numel or not 1 <= len(reduces) <= tensors or others:
                     problems.append(f"{name}, rank {rank}, step {step}: {len(reduces)} all_reduce calls of "
                                     f"{sum(reduces)} elements in all" + (f", and {others}" if others else ""))
     assert_no_problems(problems, f"in the last backward pass and step() of each step, every gradient element is "
@@ -652,7 +662,8 @@ def _schedule_expected(step: int, base_lr: float, global_batch: int, reference_b
 def test_3_5_linear_scaling_schedule(grade):
     mod = grade("3.5").load()
     problems = []
-    cases = [(0.1, 8192, 256, 500), (0.1, 1024, 256, 5), (0.02, 64, 32, 0), (0.3, 512, 512, 4), (0.05, 96, 64, 7)]
+    cases = [(0.1, 8192, 256, 500), (0.1, 1024, 256, 5), (0.02, 64, 32, 0), (0.3, 512, 512, 4), (0.05, 96, 64, 7),
+             (0.1, 64, 256, 4)]  # the last: a batch smaller than the reference, the rate scaled DOWN
     for base_lr, global_batch, reference_batch, warmup in cases:
         for step in sorted({0, 1, warmup // 2, max(warmup - 1, 0), warmup, warmup + 1, 10 * warmup + 3}):
             got = mod.linear_scaling_lr(step, base_lr, global_batch, reference_batch=reference_batch,
@@ -662,6 +673,9 @@ def test_3_5_linear_scaling_schedule(grade):
                 problems.append(f"linear_scaling_lr(step={step}, base_lr={base_lr}, global_batch={global_batch}, "
                                 f"reference_batch={reference_batch}, warmup_steps={warmup}) = {got!r}, "
                                 f"expected {want!r}")
+    got = mod.linear_scaling_lr(3, 0.1, 1024)  # warmup_steps defaults to 0: no warm-up
+    if not math.isclose(got, _schedule_expected(3, 0.1, 1024, 256, 0), rel_tol=1e-9):
+        problems.append(f"linear_scaling_lr(3, 0.1, 1024) = {got!r}: warmup_steps defaults to 0 (the scaled rate)")
     got = mod.linear_scaling_lr(3, 0.1, 1024, warmup_steps=4)  # reference_batch defaults to 256
     if not math.isclose(got, _schedule_expected(3, 0.1, 1024, 256, 4), rel_tol=1e-9):
         problems.append(f"linear_scaling_lr(3, 0.1, 1024, warmup_steps=4) = {got!r}: reference_batch defaults to 256")
@@ -680,3 +694,4 @@ def test_3_5_linear_scaling_schedule(grade):
     assert_no_problems(problems, "the linear scaling rule with gradual warm-up (Goyal et al. 2017): scaled = base_lr "
                                  "* global_batch / reference_batch; lr(t) = base_lr + (scaled - base_lr) * t / "
                                  "warmup_steps for t < warmup_steps (from base_lr at t=0, not from 0), then scaled:")
+

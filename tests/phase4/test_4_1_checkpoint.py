@@ -905,3 +905,62 @@ def test_4_1_load_maps_to_the_requested_device(grade, tmp_path):
             problems.append(f"load_latest(map_location={where!r}) put tensors on {devices}: every tensor goes where "
                             "map_location says (on a GPU machine each rank loads onto its own device, not cuda:0)")
     assert_no_problems(problems, "map_location of load_latest must reach torch.load:")
+
+
+def _draws() -> dict:
+    return {"python": [random.random() for _ in range(3)], "numpy": np.random.rand(3).tolist(),
+            "torch": torch.rand(3).tolist()}
+
+
+def test_4_1_the_pieces_used_alone(grade, tmp_path, keep_global_rng):
+    """What the docstrings promise of each piece called on its own, in one process: capture_rng/restore_rng give the
+    same draws again (python, numpy, torch); training_state without progress and restore_training_state of a
+    progress without "step" (saved by 2 ranks, so it reseeds, as step 0); atomic_save and load_verified with str
+    paths; load_verified refuses a truncated and an altered file (CorruptCheckpoint); load_latest of an empty
+    folder is None; a step older than the newest `keep` is written and pruned at once."""
+    mod = grade("4.1").load()
+    problems = []
+    state = mod.capture_rng()
+    first = _draws()
+    mod.restore_rng(state)
+    if _draws() != first:
+        problems.append("restore_rng(capture_rng()) did not give the same python, numpy and torch draws again")
+    model, optimizer, scheduler, scaler = _run(1)
+    saved = mod.training_state(model, optimizer)  # progress, scheduler and scaler left out
+    saved["rng"] = saved["rng"] * 2  # as if 2 ranks had saved it: restoring in 1 process reseeds from (step, rank)
+    streams = []
+    for progress in ({}, {"step": 0}):
+        saved["progress"] = progress
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            returned = mod.restore_training_state(saved, model, optimizer)
+        streams.append(_draws())
+        if returned != progress:
+            problems.append(f"restore_training_state returned {returned!r}, expected the saved progress {progress!r}")
+    if streams[0] != streams[1]:
+        problems.append("a progress without 'step' must count as step 0: its reseeded streams differ from step 0's")
+    path = str(tmp_path / "alone.pt")
+    mod.atomic_save({"w": torch.arange(4.0)}, path)
+    if not torch.equal(mod.load_verified(path)["w"], torch.arange(4.0)):
+        problems.append("atomic_save then load_verified of str paths did not give the object back")
+    data = Path(path).read_bytes()
+    for what, damaged in (("truncated", data[:-7]), ("altered", data[:20] + bytes([data[20] ^ 1]) + data[21:])):
+        Path(path).write_bytes(damaged)
+        try:
+            mod.load_verified(path)
+            problems.append(f"load_verified of a {what} file returned; expected CorruptCheckpoint")
+        except mod.CorruptCheckpoint:
+            pass
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"load_verified of a {what} file raised {type(exc).__name__}: {exc}; expected "
+                            "CorruptCheckpoint")
+    empty = tmp_path / "empty"
+    if mod.CheckpointManager(empty).load_latest() is not None:
+        problems.append("load_latest() of a folder without checkpoints must return None")
+    manager = mod.CheckpointManager(tmp_path / "keep", keep=2)
+    for step in (5, 6, 3):
+        manager.save(step, {"step": step})
+    if manager.steps() != [5, 6]:
+        problems.append(f"keep=2, saves of steps 5, 6, then 3: steps() is {manager.steps()}, expected [5, 6] (an "
+                        "older step is written and pruned at once)")
+    assert_no_problems(problems, "the checkpoint pieces used on their own:")

@@ -1040,3 +1040,72 @@ def test_4_2_sigterm_under_torchrun_saves_then_relaunch_finishes(grade, tmp_path
     problems += _final(job, reference)
     assert_no_problems(problems, f"SIGTERM to the torchrun agent in step {_TERM[1]} of {_TOTAL}, then the same "
                                  "command again:")
+
+
+def test_4_2_the_pieces_used_alone(grade, tmp_path, monkeypatch):
+    """In one process, without a process group: current_attempt() reads rank 0 of 1 and the restart count afresh;
+    resume() of an empty folder returns None and changes nothing, and of a checkpoint restores model, optimizer,
+    LR scheduler and GradScaler into fresh ones; set_aside_newer(resumed=None) sets every checkpoint aside, and
+    with nothing newer returns []; PreemptionHandler puts the previous handler back when its block ends by an
+    exception."""
+    mod, checkpoint = grade("4.2").load(), grading.reference("4.1")
+    problems = []
+    for restart in ("0", "2"):
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", restart)
+        attempt = mod.current_attempt()
+        if (attempt.rank, attempt.world_size, attempt.restart) != (0, 1, int(restart)):
+            problems.append(f"current_attempt() in one process with TORCHELASTIC_RESTART_COUNT={restart}: {attempt}, "
+                            f"expected rank 0, world_size 1, restart {restart}")
+
+    def objects(seed):
+        torch.manual_seed(seed)
+        model = nn.Linear(3, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.5)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**seed, growth_interval=3)
+        model(torch.ones(1, 3)).sum().backward()
+        optimizer.step()
+        scheduler.step()
+        return model, optimizer, scheduler, scaler
+
+    manager = checkpoint.CheckpointManager(tmp_path / "run", keep=5)
+    model, optimizer, scheduler, scaler = objects(5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    if mod.resume(manager, model, optimizer, scheduler, scaler) is not None:
+        problems.append("resume() with no checkpoint must return None (a fresh start)")
+    if any(not torch.equal(before[k], v) for k, v in model.state_dict().items()):
+        problems.append("resume() with no checkpoint changed the model")
+    saved = objects(7)
+    manager.save(4, checkpoint.training_state(*saved, {"step": 4}))
+    fresh = objects(9)
+    progress = mod.resume(manager, *fresh)
+    if progress is None or progress.get("step") != 4:
+        problems.append(f"resume() returned {progress!r}, expected the progress saved with step 4")
+    for name, a, b in (("model", saved[0], fresh[0]), ("optimizer", saved[1], fresh[1]),
+                       ("scheduler", saved[2], fresh[2]), ("scaler", saved[3], fresh[3])):
+        if repr(a.state_dict()) != repr(b.state_dict()):
+            problems.append(f"after resume() the {name}'s state_dict differs from the one saved")
+    for step in (5, 6):
+        manager.save(step, {"step": step})
+    if mod.set_aside_newer(manager, 6) != []:
+        problems.append("set_aside_newer(resumed=6) with nothing newer than 6 must return []")
+    moved = mod.set_aside_newer(manager, None)
+    if manager.steps() or len(moved) != 3 or not all(p.exists() for p in moved):
+        problems.append(f"set_aside_newer(resumed=None) must set every checkpoint aside (resume found none): "
+                        f"steps() is {manager.steps()}, returned {moved}")
+    seen = []
+
+    def mine(*args):
+        seen.append("mine")
+    previous = signal.signal(signal.SIGUSR1, mine)
+    try:
+        with pytest.raises(ZeroDivisionError):
+            with mod.PreemptionHandler(signals=(signal.SIGUSR1,)):
+                1 / 0
+        signal.raise_signal(signal.SIGUSR1)
+        if signal.getsignal(signal.SIGUSR1) is not mine or seen != ["mine"]:
+            problems.append("after a `with PreemptionHandler(signals=(SIGUSR1,))` block ended by an exception, the "
+                            "handler installed before it is not back (put the previous handlers back on every way out)")
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert_no_problems(problems, "the recovery pieces used on their own, in one process:")

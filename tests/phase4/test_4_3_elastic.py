@@ -532,3 +532,21 @@ def test_4_3_torchrun_agents_lose_and_gain_a_node(grade, tmp_path):
 
 _ELASTIC_N, _ELASTIC_B = 43, 4  # must match elastic_torchrun_worker.py: 10 steps, 3 samples sit out
 _ELASTIC_STEPS = _ELASTIC_N // _ELASTIC_B
+
+
+def test_4_3_one_sampler_asked_at_several_world_sizes(grade):
+    """One ElasticSampler asked for rank_batches at world size 2, then 3, then 2 again (between advances, as a
+    resized job asks a restored sampler): each time the ranks' shares tile the same global batches, which depend
+    on (seed, epoch, step) only, never on an earlier call's world size."""
+    mod = grade("4.3").load()
+    sampler, reference = mod.ElasticSampler(_N, _B, seed=_SEED), mod.ElasticSampler(_N, _B, seed=_SEED)
+    problems = []
+    for step, world in enumerate((2, 3, 2, 1)):
+        got = [[int(i) for i in b] for r in range(world) for b in sampler.rank_batches(r, world)[:1]]
+        want = [int(i) for b in reference.rank_batches(0, 1)[:1] for i in b]
+        if [i for share in got for i in share] != want:
+            problems.append(f"step {step}, world {world}: the ranks' first shares {got} do not tile the global batch "
+                            f"{want} (the world-size-1 order of the same position)")
+        sampler.advance()
+        reference.advance()
+    assert_no_problems(problems, "rank_batches at changing world sizes on one sampler:")

@@ -14,6 +14,7 @@ TODO is replaced by plain all-reduce for the rest of that backward pass (so DDP 
 and the scenario then reports the TODO.
 """
 
+import functools
 import math
 
 import pytest
@@ -341,6 +342,7 @@ def _compression_rank(ref: grading.ModuleRef) -> dict:
         "full_rank": lambda: _full_rank(mod),
         "torch": lambda: _versus_torch(mod),
         "torch_boundary": lambda: _versus_torch(mod, _BOUNDARY_SETTINGS, _boundary),
+        "torch_drawn": lambda: _versus_torch(mod, _drawn_powersgd_settings()),
         "generators": lambda: _generators_untouched(mod),
         "digits": lambda: _digits(mod),
     }
@@ -441,6 +443,16 @@ def test_4_4_powersgd_equals_torch_bitwise(grade):
                                  f"returns with the same PowerSGDState settings, over {_TORCH_STEPS} SGD steps:")
 
 
+def test_4_4_powersgd_equals_torch_for_drawn_settings(grade):
+    """Differential test against torch's powerSGD_hook over PowerSGDState settings drawn by Hypothesis
+    (derandomized): matrix_approximation_rank 1-3, start_powerSGD_iter 2-3, error feedback and warm start on or off,
+    an orthogonalization epsilon, batched same-shaped matrices, min_compression_rate, random_seed; each bitwise."""
+    results = _results(grade("4.4"), "torch_drawn")
+    problems = [f"rank {rank}: {p}" for rank, rank_problems in enumerate(results) for p in rank_problems]
+    assert_no_problems(problems, f"your powersgd_hook must return bitwise what torch's powerSGD_hook returns, with "
+                                 f"the drawn settings {list(_drawn_powersgd_settings())}:")
+
+
 def test_4_4_powersgd_compression_boundary_like_torch(grade):
     results = _results(grade("4.4"), "torch_boundary")
     problems = [f"rank {rank}: {p}" for rank, rank_problems in enumerate(results) for p in rank_problems]
@@ -482,6 +494,67 @@ _DGC_EXACT = {
     "momentum 0.9": dict(nesterov=False, weight_decay=0.0),
     "nesterov 0.9, weight decay 0.01 on the weights only": dict(nesterov=True, weight_decay=0.01),
 }
+_DGC_DRAWS = 3  # TopKState settings drawn by Hypothesis for the ratio-1.0 differential test (2 ranks, ~0.4 s each)
+
+
+@functools.lru_cache(maxsize=1)
+def _dgc_drawn() -> dict:
+    """{name: case}: the same in every process (derandomized)."""
+    from hypothesis import HealthCheck, Phase, given, settings, strategies as st  # here: only this scenario needs it
+
+    found = []
+    @st.composite
+    def _dgc_cases(draw) -> dict:
+        """TopKState at ratio 1.0 with momentum_masking=False (everything sent, nothing zeroed but what was sent):
+        momentum 0 or 0.9, nesterov, weight decay none / a number for every parameter / a function (weights only),
+        error feedback on or off (off: no momentum, since the velocity lives in the error-feedback memory),
+        start_iter left to its default 2, 3, or 0 without error feedback."""
+        feedback = draw(st.booleans())
+        momentum = draw(st.sampled_from([0.0, 0.9])) if feedback else 0.0
+        decay = draw(st.sampled_from(["none", "number", "weights only"]))
+        start = draw(st.sampled_from([None, 3] + ([] if feedback else [0])))
+        return {"momentum": momentum, "nesterov": bool(momentum) and draw(st.booleans()), "decay": decay,
+                "use_error_feedback": feedback, "start_iter": start}
+
+
+    @settings(max_examples=_DGC_DRAWS, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(_dgc_cases())
+    def collect(case):
+        found.append(case)
+    collect()
+    fixed = [{"momentum": 0.0, "nesterov": False, "decay": "number", "use_error_feedback": True, "start_iter": None},
+             {"momentum": 0.0, "nesterov": False, "decay": "number", "use_error_feedback": False, "start_iter": 0},
+             {"momentum": 0.9, "nesterov": True, "decay": "number", "use_error_feedback": True, "start_iter": 3}]
+    cases = fixed + found[:_DGC_DRAWS]
+    return {(f"momentum {c['momentum']}{', nesterov' if c['nesterov'] else ''}, weight decay {c['decay']}, "
+             f"error feedback {'on' if c['use_error_feedback'] else 'off'}, start_iter "
+             f"{'left to its default' if c['start_iter'] is None else c['start_iter']} (drawn {i})"): c
+            for i, c in enumerate(cases)}
+
+
+_PS_DRAWS = 1  # PowerSGDState settings drawn (besides one fixed) for the bitwise comparison (~0.6 s each)
+
+
+@functools.lru_cache(maxsize=1)
+def _drawn_powersgd_settings() -> dict:
+    from hypothesis import HealthCheck, Phase, given, settings, strategies as st  # here: only this scenario needs it
+
+    found = []
+
+    @settings(max_examples=_PS_DRAWS, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(st.fixed_dictionaries({
+        "matrix_approximation_rank": st.integers(1, 3), "start_powerSGD_iter": st.integers(2, 3),
+        "use_error_feedback": st.booleans(), "warm_start": st.booleans(),
+        "orthogonalization_epsilon": st.sampled_from([0.0, 1e-6]), "batch_tensors_with_same_shape": st.booleans(),
+        "min_compression_rate": st.sampled_from([1, 2, 4]), "random_seed": st.sampled_from([0, 7])}))
+    def collect(case):
+        found.append(case)
+    collect()
+    fixed = [dict(matrix_approximation_rank=3, start_powerSGD_iter=2, random_seed=7, orthogonalization_epsilon=1e-6,
+                  compression_stats_logging_frequency=5)]
+    return {f"drawn {i}: {case}": case for i, case in enumerate(fixed + found[:_PS_DRAWS])}
 
 
 def _dgc_model() -> nn.Module:
@@ -497,30 +570,45 @@ def _weights_only(decay: float):
     return lambda p: decay if p.ndim > 1 else 0.0
 
 
-def _dgc_exact(mod) -> list[str]:
+def _dgc_exact(mod, drawn: bool = False) -> list[str]:
     """Per setting: momentum correction at ratio 1.0 (every entry sent every step, no factor
     masking) + SGD(momentum=0) vs plain DDP + torch's SGD(momentum, nesterov, weight_decay);
     the weights after every step."""
     problems = []
-    for setting, kw in _DGC_EXACT.items():
+    settings_ = {name: dict(momentum=_DGC_M, nesterov=kw["nesterov"], use_error_feedback=True, start_iter=_DGC_START,
+                            decay="weights only" if kw["weight_decay"] else "none", decay_value=kw["weight_decay"])
+                 for name, kw in _DGC_EXACT.items()}
+    if drawn:  # in the world of 2 only: the settings are per rank, a third rank adds no case
+        settings_ = {name: {**case, "decay_value": 0.01} for name, case in _dgc_drawn().items()} \
+            if dist.get_world_size() == 2 else {}
+    for setting, kw in settings_.items():
         plain, dgc = DDP(_dgc_model(), bucket_cap_mb=_DGC_CAP_MB), DDP(_dgc_model(), bucket_cap_mb=_DGC_CAP_MB)
-        state = mod.TopKState(ratio=1.0, start_iter=_DGC_START, momentum=_DGC_M, nesterov=kw["nesterov"],
-                              momentum_masking=False, weight_decay=_weights_only(kw["weight_decay"]))
+        decay = {"none": 0.0, "number": kw["decay_value"], "weights only": _weights_only(kw["decay_value"])}[kw["decay"]]
+        options = dict(ratio=1.0, momentum=kw["momentum"], nesterov=kw["nesterov"], momentum_masking=False,
+                       use_error_feedback=kw["use_error_feedback"])
+        if kw["start_iter"] is not None:
+            options["start_iter"] = kw["start_iter"]
+        if kw["decay"] != "none" or not drawn:
+            options["weight_decay"] = decay
+        state = mod.TopKState(**options)
         hook = _guarded(mod.topk_hook)
         dgc.register_comm_hook(state, hook)
-        groups = [{"params": [p for p in plain.parameters() if p.ndim > 1], "weight_decay": kw["weight_decay"]},
-                  {"params": [p for p in plain.parameters() if p.ndim <= 1], "weight_decay": 0.0}]
-        optimizers = {"plain": torch.optim.SGD(groups, lr=_DGC_LR, momentum=_DGC_M, nesterov=kw["nesterov"]),
+        on_weights = kw["decay_value"] if kw["decay"] != "none" else 0.0
+        groups = [{"params": [p for p in plain.parameters() if p.ndim > 1], "weight_decay": on_weights},
+                  {"params": [p for p in plain.parameters() if p.ndim <= 1],
+                   "weight_decay": on_weights if kw["decay"] == "number" else 0.0}]
+        optimizers = {"plain": torch.optim.SGD(groups, lr=_DGC_LR, momentum=kw["momentum"], nesterov=kw["nesterov"]),
                       "dgc": torch.optim.SGD(dgc.parameters(), lr=_DGC_LR)}
+        start = 2 if kw["start_iter"] is None else kw["start_iter"]
         gen = torch.Generator().manual_seed(70 + dist.get_rank())
-        for step in range(_DGC_STEPS):
+        for step in range(5 if drawn else _DGC_STEPS):  # drawn: start_iter <= 3, then 2 compressed steps at least
             batch = _batch(gen)
             for key, model in (("plain", plain), ("dgc", dgc)):
                 _backward(model, batch)
                 if key == "dgc":
                     _raise_todo(hook)
                 optimizers[key].step()
-            phase = "compressed" if step >= _DGC_START else f"plain all-reduce before start_iter={_DGC_START}"
+            phase = "compressed" if step >= start else f"plain all-reduce before start_iter={start}"
             bad = [diff_report(p, q, f"{setting}: step {step} ({phase}), weights of {name}", rtol=0, atol=_DGC_ATOL)
                    for (name, p), q in zip(dgc.module.named_parameters(), plain.module.parameters())]
             bad = [b for b in bad if b]
@@ -558,7 +646,8 @@ def _dgc_masking(mod) -> dict:
 
 def _dgc_rank(ref: grading.ModuleRef) -> dict:
     mod = ref.load()
-    return run_scenarios({"exact": lambda: _dgc_exact(mod), "masking": lambda: _dgc_masking(mod)}, _AGREE_S)
+    return run_scenarios({"exact": lambda: _dgc_exact(mod), "masking": lambda: _dgc_masking(mod),
+                          "drawn": lambda: _dgc_exact(mod, drawn=True)}, _AGREE_S)
 
 
 _dgc_worlds = {size: SharedWorld(_dgc_rank, size) for size in _DGC_WORLDS}
@@ -581,6 +670,18 @@ def test_4_4_dgc_full_ratio_equals_momentum_sgd(grade, world):
                                  "momentum_masking=False) + SGD(momentum=0) must give the weights of plain DDP + "
                                  "SGD(momentum=0.9) (the hook carries the momentum, the weight decay before it, "
                                  "from the first step):")
+
+
+@pytest.mark.parametrize("world", [2], ids=lambda w: f"{w} ranks")
+def test_4_4_topk_full_ratio_equals_ddp_sgd_for_drawn_settings(grade, world):
+    """Differential test against DDP + torch.optim.SGD: TopKState(ratio=1.0, momentum_masking=False) with settings
+    drawn by Hypothesis (derandomized) across momentum 0 / 0.9, nesterov, weight decay (none, a number for every
+    parameter, a function), error feedback on or off, start_iter (its default 2, 3, 0) + SGD(lr) gives the weights
+    of plain DDP + SGD(lr, momentum, nesterov, weight_decay) after every step."""
+    results = _dgc_results(grade("4.4"), "drawn", world)
+    problems = [f"rank {rank}: {p}" for rank, rank_problems in enumerate(results) for p in rank_problems]
+    assert_no_problems(problems, f"{world} ranks: top-k at ratio 1.0 with the drawn settings {list(_dgc_drawn())} "
+                                 "must equal plain DDP + torch.optim.SGD with the same momentum and weight decay:")
 
 
 def _masking_problems(rank: int, steps: list[dict], sent_sums: dict) -> list[str]:
@@ -681,3 +782,35 @@ def test_4_4_dgc_factor_masking_per_bucket(grade, world):
         problems += _masking_problems(rank, r["steps"], sent_sums)
     assert_no_problems(problems, f"{world} ranks: TopKState(ratio={_DGC_RATIO}, momentum=0.9) with momentum factor "
                                  "masking (the default):")
+
+
+def test_4_4_orthogonalize_is_torchs_bit_for_bit(grade):
+    """Differential test against torch 2.14's own _orthogonalize (powerSGD_hook.py), in one process: batches of
+    (b, n, r) matrices with r = 1, 2 (Gram-Schmidt) and 3 (QR), float32 and bfloat16 (Gram-Schmidt at any r),
+    epsilon 0 and 1e-8, a batch of several matrices and one with a zero column; the same bits (NaN where torch
+    gives NaN)."""
+    mod = grade("4.4").load()
+    gen = torch.Generator().manual_seed(13)
+    problems = []
+    for b, n, r in ((1, 6, 1), (3, 5, 2), (2, 7, 3), (1, 4, 4)):
+        for dtype in (torch.float32, torch.bfloat16):
+            for epsilon in (None, 0.0, 1e-8):
+                for zero_column in (False, True):
+                    m = torch.randn(b, n, r, generator=gen).to(dtype)
+                    if zero_column:
+                        m[0, :, -1] = 0
+                    ours, theirs = m.clone(), m.clone()
+                    if epsilon is None:
+                        mod.orthogonalize_(ours)  # epsilon left to its default, 0
+                        torch_powersgd._orthogonalize(theirs)
+                    else:
+                        mod.orthogonalize_(ours, epsilon=epsilon)
+                        torch_powersgd._orthogonalize(theirs, epsilon=epsilon)
+                    same = torch.equal(ours.isnan(), theirs.isnan()) and torch.equal(
+                        torch.nan_to_num(ours, nan=0.0), torch.nan_to_num(theirs, nan=0.0))
+                    if not same:
+                        problems.append(f"orthogonalize_(a ({b}, {n}, {r}) {dtype} batch, epsilon={epsilon}"
+                                        f"{', a zero column' if zero_column else ''}): differs from torch's "
+                                        f"_orthogonalize by up to {(ours.float() - theirs.float()).abs().nan_to_num().max():.3g}")
+    assert_no_problems(problems, "orthogonalize_ must compute bit for bit what torch 2.14's powerSGD_hook._orthogonalize "
+                                 "does (Gram-Schmidt for r <= 2 or half precision, else torch.linalg.qr):")

@@ -207,6 +207,12 @@ def test_4_5_breakdown_sums_to_the_step(grade, monkeypatch):
                    (["other"] if times["other"] < -1e-6 * max(times["step"], 1e-9) else [])
         if negative:
             problems.append(f"real CPU step {step}: negative times for {negative}: {times}")
+    # a step in which no phase was entered: all of it is "other"
+    timer.start()
+    times = timer.stop()
+    if any(times[key] != 0 for key in PHASE_NAMES) or not math.isclose(times["other"], times["step"], rel_tol=1e-9,
+                                                                       abs_tol=1e-12):
+        problems.append(f"a step with no phase entered: {times}; every phase 0 and 'other' the whole step")
     # 2) fake clock: a slow loader is data wait; host work outside any phase is "other".
     gpu = FakeGPU()
     _install_fake_clock(monkeypatch, gpu, mod)
@@ -440,7 +446,11 @@ def test_4_5_memory_stats(grade, monkeypatch):
     else:
         import resource
         truth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    default = mod.memory_stats().get("peak_rss_bytes")  # device left out: the current device, the CPU here
     del big
+    if not torch.cuda.is_available():
+        assert default is not None and math.isclose(default, truth, rel_tol=0.1), (
+            f"memory_stats() (device left out, no GPU: the CPU) = {default}, expected peak_rss_bytes near {truth}")
     assert got is not None and math.isclose(got, truth, rel_tol=0.1), (
         f"memory_stats('cpu')['peak_rss_bytes'] = {got}, but this process's peak resident set is {truth} bytes "
         "(in bytes: ru_maxrss is in KiB on Linux)")

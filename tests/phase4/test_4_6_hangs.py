@@ -164,13 +164,15 @@ def _hang_rank(ref: grading.ModuleRef, folder: str) -> dict:
         z = torch.full((5,), float(rank), dtype=torch.bfloat16)
         gathered, piece = torch.zeros(2 * world), torch.full((2,), float(rank))
         m = torch.tensor([float(rank)], dtype=torch.float64)
-        healthy.tensors = {"x": x, "y": y, "z": z, "gathered": gathered, "m": m}
+        scattered, pieces = torch.zeros(2), torch.full((2 * world,), float(rank + 1))
+        healthy.tensors = {"x": x, "y": y, "z": z, "gathered": gathered, "m": m, "scattered": scattered}
         calls = [(dist.all_reduce, (x,), {}),
                  (dist.broadcast, (y,), {"src": 3}),
                  *([(dist.all_reduce, (z,), {"group": sub})] if rank in (1, 2, 3) else []),
                  (dist.all_gather_into_tensor, (gathered, piece), {}),
                  (dist.barrier, (), {}),
-                 (dist.all_reduce, (m,), {"op": dist.ReduceOp.MAX})]
+                 (dist.all_reduce, (m,), {"op": dist.ReduceOp.MAX}),
+                 (dist.reduce_scatter_tensor, (scattered, pieces), {})]
         return calls
     out["healthy"] = _scenario(mod, folder, "healthy", healthy)
     out["healthy"]["values"] = {k: t.float().tolist() for k, t in healthy.tensors.items()}
@@ -331,7 +333,7 @@ def test_4_6_records_every_collective(grade):
             continue
         values = r["values"]
         expect_values = {"x": [10.0] * 3, "y": [[3.0, 3.0]] * 2, "gathered": [float(q) for q in range(world) for _ in (0, 1)],
-                         "m": [3.0]}
+                         "m": [3.0], "scattered": [10.0, 10.0]}
         if rank in sub:
             expect_values["z"] = [6.0] * 5
         for k, v in expect_values.items():
@@ -343,7 +345,8 @@ def test_4_6_records_every_collective(grade):
                 *([_expected_entry(0, sub, [5], "bfloat16", "completed")] if rank in sub else []),
                 _expected_entry(2, everyone, [2 * world], "float32", "completed", op="all_gather_into_tensor"),
                 _expected_entry(3, everyone, None, None, "completed", op="barrier"),
-                _expected_entry(4, everyone, [1], "float64", "completed")]
+                _expected_entry(4, everyone, [1], "float64", "completed"),
+                _expected_entry(5, everyone, [2], "float32", "completed", op="reduce_scatter_tensor")]
         dump = r["dump"]
         head = {"rank": rank, "world_size": world, "capacity": 2000}
         problems += _entry_problems(dump, head, f"rank {rank}: dump()")
@@ -353,15 +356,15 @@ def test_4_6_records_every_collective(grade):
         for i, (got, expected) in enumerate(zip(entries, want)):
             problems += _entry_problems(got, expected, f"rank {rank}: entry {i}")
         groups = sorted((g.get("ranks"), g.get("issued")) for g in dump.get("groups", []))
-        want_groups = sorted([(everyone, 5)] + ([(sub, 1)] if rank in sub else []))
+        want_groups = sorted([(everyone, 6)] + ([(sub, 1)] if rank in sub else []))
         if groups != want_groups:
             problems.append(f"rank {rank}: dump()['groups'] = {dump.get('groups')}, expected "
                             f"{[{'ranks': g, 'issued': n} for g, n in want_groups]}")
         if json.loads(json.dumps(dump)) != dump:
             problems.append(f"rank {rank}: dump() does not survive a JSON round trip unchanged (tuples? numpy?)")
     assert_no_problems(problems, "CollectiveRecorder's record of all_reduce, broadcast (src=3), an all_reduce on the "
-                                 "subgroup [1, 2, 3], all_gather_into_tensor, barrier, all_reduce(MAX), each numbered "
-                                 "per group:")
+                                 "subgroup [1, 2, 3], all_gather_into_tensor, barrier, all_reduce(MAX), "
+                                 "reduce_scatter_tensor, each numbered per group:")
 
 
 def test_4_6_ring_buffer_keeps_the_newest(grade):
