@@ -551,21 +551,98 @@ class PeakBytes:
         return now
 
 
+# ------------------------------------------------------------ operations run
+
+# matrix products -> FLOPs (2 per multiply-add) from their operands' shapes
+_PRODUCT_FLOPS = {
+    "mm": lambda a, b: 2 * a.shape[0] * a.shape[1] * b.shape[1],
+    "bmm": lambda a, b: 2 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2],
+    "addmm": lambda c, a, b: 2 * a.shape[0] * a.shape[1] * b.shape[1],
+    "baddbmm": lambda c, a, b: 2 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2],
+}
+
+
+class OpLog:
+    """The torch operations run inside a `with` block, as the dispatcher sees them (on this
+    thread, and on the autograd engine's threads during a backward started inside the block).
+
+        with OpLog() as ops:
+            out = attention(q, k, v); out.backward(grad)
+        ops.largest     (bytes, shape, op name): the largest NEW buffer any operation made
+        ops.flops       FLOPs of the matrix products (mm, bmm, addmm, baddbmm), 2 per multiply-add
+        ops.names       every operation, in order ("aten.bmm.default", ...)
+
+    Composite operations reach it decomposed (`q @ k.T`, einsum and F.linear arrive as
+    mm / bmm / addmm), so the FLOPs count what a kernel computes. A view (transpose, expand)
+    makes no buffer and does not count in `largest`. `on_op(name)` runs at each operation, e.g.
+    to interleave them with a PointToPointLog's events. Not for timing: every operation passes
+    through Python here.
+    """
+
+    def __init__(self, on_op: Callable[[str], None] | None = None):
+        from torch.utils._python_dispatch import TorchDispatchMode  # here: plain imports stay cheap
+
+        log = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                log._seen(func, args, out)
+                return out
+
+        self.on_op = on_op
+        self.names: list[str] = []
+        self.flops = 0
+        self.largest: tuple[int, tuple, str] = (0, (), "")
+        self._mode = _Mode()
+
+    def _seen(self, func, args, out) -> None:
+        name = str(func)
+        self.names.append(name)
+        product = _PRODUCT_FLOPS.get(func.overloadpacket.__name__)
+        if product is not None and func.namespace == "aten":
+            self.flops += product(*args[:3 if func.overloadpacket.__name__.startswith(("addmm", "baddbmm")) else 2])
+        if not func.is_view:
+            outputs = out if isinstance(out, (list, tuple)) else [out]
+            for t in outputs:
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    nbytes = t.untyped_storage().nbytes()
+                    if nbytes > self.largest[0]:
+                        self.largest = (nbytes, tuple(t.shape), name)
+        if self.on_op is not None:
+            self.on_op(name)
+
+    def __enter__(self) -> "OpLog":
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)
+
+
 # --------------------------------------------------------- pipeline timelines
 
 
-def render_timeline(grid: list[list[tuple[str, int] | None]]) -> str:
+def render_timeline(grid: list[list[tuple | None]]) -> str:
     """Text picture of a pipeline time grid (grid[t][s] = (kind, microbatch), or None when
     stage s idles at step t): one row per stage, one column per step, '..' when idle.
 
         stage 0 | F0 F1 .. B1 B0
+
+    Actions on virtual stages, (kind, microbatch, k), are drawn per rank with their chunk as a
+    letter, k // p for p ranks (a = chunk 0: stages 0..p-1, b = chunk 1: p..2p-1, ...):
+
+        rank 0  | F0a F1a F0b F1b .. B0b ..
     """
     if not grid:
         return ""
-    labels = [[f"{a[0]}{a[1]}" if a else ".." for a in row] for row in grid]
+    p = len(grid[0])
+    virtual = any(a is not None and len(a) > 2 for row in grid for a in row)
+    labels = [[".." if a is None else f"{a[0]}{a[1]}" + (chr(ord("a") + a[2] // p) if len(a) > 2 else "")
+               for a in row] for row in grid]
     width = max(len(label) for row in labels for label in row)
-    return "\n".join(f"stage {s} | " + " ".join(row[s].ljust(width) for row in labels).rstrip()
-                     for s in range(len(grid[0])))
+    return "\n".join((f"rank {s:<2}" if virtual else f"stage {s}") + " | "
+                     + " ".join(row[s].ljust(width) for row in labels).rstrip() for s in range(p))
 
 
 @dataclass
@@ -670,7 +747,11 @@ class StageRecorder:
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         self._track(tensor)
-        return tensor
+        # A detached alias (same storage), not the tensor itself: an output that its own node saves
+        # (ReLU's result) would otherwise hold that node through its grad_fn, a cycle through C++ that
+        # Python never collects; a node no backward runs (an input-gradient pass, or a weights-only
+        # pass, torch.autograd.backward(inputs=...)) would then keep what it saved forever (torch 2.14.1).
+        return tensor.detach()
 
     def __enter__(self) -> "StageRecorder":
         stage = self.stage

@@ -88,3 +88,20 @@ def test_training_memory_counts_a_dtensor_by_its_local_shard():
         assert r["measured"] == expected, f"rank {rank}: training_memory {r['measured']}, expected {expected}"
         assert r["state_local_bytes"] == 2 * 4 * rows * 9 + 2 * 4, (
             f"rank {rank}: Adam's exp_avg and exp_avg_sq of {rows} rows of 8 + 1 floats, and two 4-byte steps")
+
+
+def test_op_log_counts_matrix_product_flops_and_the_largest_new_buffer():
+    """OpLog (2.9's work and memory tests): composite ops arrive decomposed (matmul of 3-D tensors as bmm, F.linear
+    as addmm / mm), each counted 2 FLOPs per multiply-add, forward and backward; a view makes no buffer."""
+    from common.measure import OpLog
+
+    q = torch.randn(2, 8, 4, requires_grad=True)
+    linear = nn.Linear(4, 5)
+    seen = []
+    with OpLog(on_op=seen.append) as ops:
+        scores = q @ q.transpose(-1, -2)  # (2, 8, 8): the largest buffer
+        linear(scores.softmax(-1) @ q).sum().backward()
+    bmm, addmm = 2 * 2 * 8 * 4 * 8, 2 * 16 * 4 * 5
+    assert ops.flops == 3 * 2 * bmm + 3 * addmm, "2 bmm forward and 4 backward; addmm forward, 2 mm backward"
+    assert ops.largest[0] == 2 * 8 * 8 * 4 and ops.largest[1] == (2, 8, 8), ops.largest
+    assert seen == ops.names and "aten.bmm.default" in seen and "aten.transpose.int" in seen

@@ -1,7 +1,7 @@
-"""Exercise 2.6: pipeline schedules (GPipe, 1F1B), their bubble, and an executor.
+"""Exercise 2.6: pipeline schedules (GPipe, 1F1B, interleaved 1F1B, zero bubble), their bubble, and an executor.
 
 Cut the batch into m micro-batches and let the p stages of 2.5 work on different
-micro-batches at the same time. A schedule is, for each stage, the ordered list of
+micro-batches at the same time. A schedule is, for each rank, the ordered list of
 its actions ("F", j) = forward of micro-batch j, ("B", j) = its backward:
 
     GPipe (p=3, m=4): all forwards, then all backwards      idle slots ".."
@@ -23,47 +23,136 @@ GPipe holds all m at once; 1F1B at most p - s (stage s), whatever m is, provided
 executor lets a micro-batch go after its B: its activations, and the messages it sent
 (a sent tensor lives until its delivery is waited for).
 
-Dependencies (what the time grid respects): F(s, j) after F(s-1, j); B(s, j) after
-B(s+1, j) and after F(s, j). Messages between neighbours are matched in order, so
-neighbouring stages must run their forwards (and their backwards) in the same
-micro-batch order.
+Two refinements shrink the bubble further:
+
+  * Interleaved 1F1B (Narayanan et al. 2021): the model is cut into v*p virtual stages
+    and rank r holds v of them, r, r+p, ..., r+(v-1)p (round-robin: a micro-batch visits
+    every rank v times). Actions name their virtual stage: ("F", j, k), ("B", j, k).
+    Each action is 1/v of a stage's work, so the bubble is (p-1)/(v*m+p-1): 1/v of
+    1F1B's over the useful time, for v times as many messages.
+  * Zero bubble, ZB-H1 (Qi et al. 2023): the backward splits into ("B", j), the gradient
+    of the stage's input (the previous stage waits for it), and ("W", j), the gradient
+    of its weights (nobody waits for it). W's are delayed to fill the bubble; a
+    micro-batch stays in flight until its W. With t_W <= t_F, t_B and m >= p the bubble
+    is (p-1)(t_F+t_B-t_W) instead of 1F1B's (p-1)(t_F+t_B+t_W), for at most p
+    micro-batches in flight on every stage (1F1B's peak, on stage 0).
+
+Dependencies (what the time grid respects), on virtual stages (the rank, when actions
+have no stage): F(k, j) after F(k-1, j); B(k, j) after B(k+1, j) and after F(k, j);
+W(k, j) after B(k, j). Messages between two ranks are matched in order, so a rank must
+receive from a neighbour in the order that neighbour sends (for GPipe and 1F1B:
+neighbouring stages run their forwards, and their backwards, in the same micro-batch
+order).
 
 Production: torch.distributed.pipelining (torch >= 2.4: PipelineStage, ScheduleGPipe,
-Schedule1F1B, ScheduleInterleaved1F1B; zero-bubble schedules in later versions, see
-guidelines 2.6), Megatron-LM and DeepSpeed pipelines.
+Schedule1F1B, ScheduleInterleaved1F1B; ScheduleInterleavedZeroBubble,
+ScheduleZBVZeroBubble and ScheduleDualPipeV in later versions, see guidelines 2.6),
+Megatron-LM and DeepSpeed pipelines.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
 from .model_split import Mailbox, PipelineStage
 
-Action = tuple[str, int]  # ("F", microbatch) or ("B", microbatch)
-Schedule = list[list[Action]]  # schedule[stage] = that stage's actions, in order
-Grid = list[list["Action | None"]]  # grid[time step][stage] = action, or None when idle
+Action = tuple  # ("F" | "B" | "W", microbatch) on the rank's own stage, or (kind, microbatch, virtual stage)
+Schedule = list[list[Action]]  # schedule[rank] = that rank's actions, in order
+Grid = list[list["Action | None"]]  # grid[time step][rank] = action, or None when idle
+KINDS = ("F", "B", "W")
 
 
-def _check_settings(num_stages: int, num_microbatches: int) -> None:
-    for name, value in (("num_stages", num_stages), ("num_microbatches", num_microbatches)):
+class VirtualStage(PipelineStage):
+    """Virtual stage `stage_id` of `num_stages` (a model chunk): the layers
+    balanced_ranges(len(layers), num_stages)[stage_id], on rank ranks[stage_id].
+
+    `ranks[k]` is the rank holding virtual stage k (interleaved 1F1B: k % p), so the
+    neighbours are on ranks[stage_id - 1] and ranks[stage_id + 1]; everything else is
+    2.5's PipelineStage (is_first, is_last, device, forward).
+    """
+
+    def __init__(self, layers: Sequence[torch.nn.Module], stage_id: int, num_stages: int, ranks: Sequence[int],
+                 device: torch.device | str | None = None):
+        if len(ranks) != num_stages:
+            raise ValueError(f"ranks must name the rank of each of the {num_stages} virtual stages, got {list(ranks)}")
+        super().__init__(layers, stage_id, num_stages, device)
+        self.ranks = list(ranks)
+
+    @property
+    def prev_rank(self) -> int:
+        return self.ranks[self.stage_id - 1]
+
+    @property
+    def next_rank(self) -> int:
+        return self.ranks[self.stage_id + 1]
+
+
+def _check_settings(*values: int, names: tuple[str, ...] = ("num_stages", "num_microbatches", "num_chunks")) -> None:
+    for name, value in zip(names, values):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
-def _check_actions(actions: list[Action], where: str = "stage") -> int:
-    """Every micro-batch 0..m-1 exactly once as F and once as B, each F before its B. Returns m."""
-    forwards = [j for kind, j in actions if kind == "F"]
-    backwards = [j for kind, j in actions if kind == "B"]
-    m = len(forwards)
-    if len(backwards) + m != len(actions):
-        raise ValueError(f"{where}: actions must be ('F', j) or ('B', j), got {actions}")
-    if sorted(forwards) != list(range(m)) or sorted(backwards) != list(range(m)):
-        raise ValueError(f"{where}: every micro-batch 0..{m - 1} needs exactly one F and one B, got {actions}")
-    if any(actions.index(("B", j)) < actions.index(("F", j)) for j in range(m)):
-        raise ValueError(f"{where}: a micro-batch's B comes before its F in {actions}")
-    return m
+def _normalise(actions: list[Action], stage: int | None, where: str) -> list[tuple[str, int, int | None]]:
+    """Each action as (kind, microbatch, virtual stage); `stage` stands for a missing third element."""
+    out = []
+    for action in actions:
+        ok = isinstance(action, (tuple, list)) and len(action) in (2, 3) and action[0] in KINDS
+        ok = ok and all(isinstance(x, int) and not isinstance(x, bool) for x in action[1:])
+        if not ok or (len(action) == 3 and action[2] < 0):
+            raise ValueError(f"{where}: actions are (kind, microbatch) or (kind, microbatch, virtual stage >= 0), "
+                             f"kind in {KINDS}; got {action!r}")
+        out.append((action[0], action[1], action[2] if len(action) == 3 else stage))
+    return out
+
+
+def _check_actions(actions: list[Action], where: str = "stage", stage: int | None = None) -> int:
+    """Per virtual stage of the list: every micro-batch 0..m-1 exactly once as F and once as B, F before B,
+    and at most one W, after its B; the same m for every stage of the list. Returns m."""
+    listed = _normalise(actions, stage, where)
+    position = {}
+    for i, (kind, j, k) in enumerate(listed):
+        if (kind, j, k) in position:
+            raise ValueError(f"{where}: {actions[i]} appears twice in {actions}")
+        position[(kind, j, k)] = i
+    counts = set()
+    for k in dict.fromkeys(k for _, _, k in listed):
+        forwards = sorted(j for kind, j, kk in listed if kind == "F" and kk == k)
+        backwards = sorted(j for kind, j, kk in listed if kind == "B" and kk == k)
+        weights = [j for kind, j, kk in listed if kind == "W" and kk == k]
+        m = len(forwards)
+        on = "" if k is None or k == stage else f" (virtual stage {k})"
+        if forwards != list(range(m)) or backwards != list(range(m)):
+            raise ValueError(f"{where}{on}: every micro-batch 0..{m - 1} needs exactly one F and one B, got {actions}")
+        if any(position[("B", j, k)] < position[("F", j, k)] for j in range(m)):
+            raise ValueError(f"{where}{on}: a micro-batch's B comes before its F in {actions}")
+        if any(("B", j, k) not in position or position[("W", j, k)] < position[("B", j, k)] for j in weights):
+            raise ValueError(f"{where}{on}: a W comes before its B (or has none) in {actions}")
+        counts.add(m)
+    if len(counts) > 1:
+        raise ValueError(f"{where}: its virtual stages disagree on the number of micro-batches: {actions}")
+    return counts.pop() if counts else 0
+
+
+def _check_schedule(schedule: Schedule, costs: dict[str, int] | None = None) -> tuple[list, dict[str, int]]:
+    """Validate every rank's list (_check_actions), each virtual stage on one rank only, and the costs
+    (positive integers for F, B, W, 1 where not given). Returns the actions as (kind, j, stage) per rank
+    (a rank's stage where an action names none) and the costs."""
+    steps = {kind: 1 for kind in KINDS}
+    for kind, cost in (costs or {}).items():
+        if kind not in KINDS or isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
+            raise ValueError(f"costs map F, B, W to integers >= 1 (time steps), got {costs!r}")
+        steps[kind] = cost
+    rows, owner = [], {}
+    for rank, actions in enumerate(schedule):
+        _check_actions(actions, f"rank {rank}", rank)
+        rows.append(_normalise(actions, rank, f"rank {rank}"))
+        for _, _, k in rows[-1]:
+            if owner.setdefault(k, rank) != rank:
+                raise ValueError(f"virtual stage {k} appears on ranks {owner[k]} and {rank}: a stage lives on one rank")
+    return rows, steps
 
 
 def gpipe_schedule(num_stages: int, num_microbatches: int) -> Schedule:
@@ -105,51 +194,119 @@ def one_f_one_b_schedule(num_stages: int, num_microbatches: int) -> Schedule:
     # END EXERCISE
 
 
-def time_grid(schedule: Schedule) -> Grid:
-    """Lay the schedule out on a global clock: every action takes one step and starts at the
-    first step where its dependencies finished at earlier steps (F(s,j) after F(s-1,j);
-    B(s,j) after B(s+1,j) and F(s,j)); each stage runs its actions in list order.
+def interleaved_schedule(num_ranks: int, num_microbatches: int, num_chunks: int) -> Schedule:
+    """Interleaved 1F1B (Megatron-LM): the model cut into v*p virtual stages, rank r holding the
+    v = num_chunks stages r, r+p, ..., r+(v-1)p (round-robin); actions ("F", j, k), ("B", j, k).
 
-    Returns grid[t][s] = the action stage s runs at step t, or None (idle); the schedule is
-    left unchanged. Works for any schedule, not only the two above (any micro-batch order,
-    any interleaving). Raises ValueError if the actions are malformed (per stage: every
-    micro-batch 0..m-1 exactly once as ("F", j) and once as ("B", j), F before B) or the
-    schedule deadlocks (no stage can move).
+    Rank r's i-th forward (i = 0..v*m-1) is micro-batch (i // (p*v))*p + i % p on its chunk
+    (i // p) % v: p micro-batches through chunk 0, the same p through chunk 1, ..., then the next
+    p. Its backwards go in the same order with the chunks reversed (chunk v-1 first). Warm-up of
+    w = min(2(p-r-1) + (v-1)p, v*m) forwards, then pairs (F, B) while forwards remain, then the
+    remaining backwards. v = 1 is 1F1B (warm-up p-r-1), with its actions naming their stage.
+    Bubble (p-1)/(v*m+p-1); at most min(2(p-r-1) + (v-1)p + 1, v*m) chunks' activations in flight
+    on rank r (v = 1: 1F1B's min(p-r, m)).
+    Raises ValueError unless all three are integers >= 1 and m is a multiple of p.
     """
-    # EXERCISE 2.6: validate each stage with _check_actions, then simulate the clock the docstring describes, one step at a time; ValueError when no stage can move but work remains (guidelines 2.6, "Stuck?")
-    for stage, actions in enumerate(schedule):
-        _check_actions(actions, f"stage {stage}")
-    num_stages = len(schedule)
-    finished: dict[tuple[str, int, int], int] = {}  # (kind, stage, microbatch) -> step
-    position = [0] * num_stages
+    # EXERCISE 2.6: validate (m a multiple of p); per rank: forward order, backward order, warm-up as the docstring says, then 1F1B's pairs
+    _check_settings(num_ranks, num_microbatches, num_chunks, names=("num_ranks", "num_microbatches", "num_chunks"))
+    if num_microbatches % num_ranks:
+        raise ValueError(f"interleaved 1F1B needs the micro-batches in groups of p: m = {num_microbatches} is not a "
+                         f"multiple of p = {num_ranks}")
+    p, v, total = num_ranks, num_chunks, num_ranks * num_chunks
+    schedule = []
+    for rank in range(p):
+        def order(i: int, kind: str) -> Action:
+            chunk = (i // p) % v
+            return (kind, (i // total) * p + i % p, (chunk if kind == "F" else v - 1 - chunk) * p + rank)
+
+        count = v * num_microbatches
+        warmup = min(2 * (p - rank - 1) + (v - 1) * p if v > 1 else p - rank - 1, count)
+        actions = [order(i, "F") for i in range(warmup)]
+        for i in range(count - warmup):
+            actions += [order(warmup + i, "F"), order(i, "B")]
+        actions += [order(i, "B") for i in range(count - warmup, count)]
+        schedule.append(actions)
+    return schedule
+    # END EXERCISE
+
+
+def zero_bubble_schedule(num_stages: int, num_microbatches: int) -> Schedule:
+    """ZB-H1: 1F1B with every backward split into ("B", j), the input gradient, and ("W", j), the
+    weight gradient, each W delayed to fill the bubble.
+
+    Stage s runs 1F1B's forwards and B's in 1F1B's order (warm-up min(p-s-1, m), then pairs, then the
+    remaining B's), and W(j) right after B(j+s): its first s backwards run without a W, and the W's
+    left run at the end, in order. A micro-batch is in flight from its F to its W: at most p on every
+    stage (1F1B's peak, on stage 0). With t_W <= t_F, t_B and m >= p, the time grid takes
+    m(t_F+t_B+t_W) + (p-1)(t_F+t_B-t_W) steps (1F1B with B+W fused: (m+p-1)(t_F+t_B+t_W)).
+    Raises ValueError unless both arguments are integers >= 1.
+    """
+    # EXERCISE 2.6: validate; 1F1B's F and B per stage, each W(j) right after B(j+s), the W's left at the end (guidelines 2.6, "Stuck?")
+    _check_settings(num_stages, num_microbatches)
+    schedule = []
+    for stage, actions in enumerate(one_f_one_b_schedule(num_stages, num_microbatches)):
+        split = []
+        for kind, j in actions:
+            split.append((kind, j))
+            if kind == "B" and j >= stage:
+                split.append(("W", j - stage))
+        split += [("W", j) for j in range(max(num_microbatches - stage, 0), num_microbatches)]
+        schedule.append(split)
+    return schedule
+    # END EXERCISE
+
+
+def time_grid(schedule: Schedule, costs: dict[str, int] | None = None) -> Grid:
+    """Lay the schedule out on a global clock. schedule[r] is rank r's actions in order: ("F", j),
+    ("B", j), ("W", j) on stage r, or (kind, j, k) on virtual stage k (a rank may hold several).
+
+    An action takes costs[kind] consecutive steps (integers >= 1; 1 for a kind not given) and
+    starts at the first step where its rank is free and its dependencies have finished:
+    F(k,j) after F(k-1,j); B(k,j) after B(k+1,j) and F(k,j); W(k,j) after B(k,j). The stages are
+    0..S-1, S at least the number of ranks (the last one's B needs no B after it).
+    Returns grid[t][r] = the action rank r runs at step t (in each step it takes), or None (idle);
+    the schedule is left unchanged. Works for any schedule (any order, any placement of the
+    virtual stages). Raises ValueError if an action is malformed (per rank and virtual stage:
+    every micro-batch 0..m-1 once as F and once as B, F before B, at most one W after its B), a
+    virtual stage is on two ranks, a cost is not an integer >= 1, or the schedule deadlocks (no
+    rank can move).
+    """
+    # EXERCISE 2.6: validate with _check_schedule; step a clock: a free rank starts its next action once its dependencies are done; stuck: ValueError
+    rows, steps = _check_schedule(schedule, costs)
+    num_ranks = len(rows)
+    last = max([num_ranks - 1] + [k for row in rows for _, _, k in row])
+    finished: dict[tuple[str, int, int], int] = {}  # (kind, stage, microbatch) -> first step after it
+    position, busy_until = [0] * num_ranks, [0] * num_ranks
     grid: Grid = []
-    while any(position[s] < len(schedule[s]) for s in range(num_stages)):
-        t = len(grid)
-        row: list[Action | None] = [None] * num_stages
-        for s in range(num_stages):
-            if position[s] == len(schedule[s]):
+    t = 0
+    while any(position[r] < len(rows[r]) for r in range(num_ranks)):
+        while len(grid) <= t:
+            grid.append([None] * num_ranks)
+        for r in range(num_ranks):
+            if position[r] == len(rows[r]) or busy_until[r] > t:
                 continue
-            kind, j = schedule[s][position[s]]
-            needs = [("F", s - 1, j)] if kind == "F" and s > 0 else []
-            if kind == "B":
-                needs += [("F", s, j)] + ([("B", s + 1, j)] if s < num_stages - 1 else [])
-            if all(finished.get(need, t) < t for need in needs):
-                row[s] = (kind, j)
-        if not any(row):
-            waiting = [f"stage {s} on {schedule[s][position[s]]}" for s in range(num_stages)
-                       if position[s] < len(schedule[s])]
+            kind, j, k = rows[r][position[r]]
+            needs = {"F": [("F", k - 1, j)] if k > 0 else [],
+                     "B": [("F", k, j)] + ([("B", k + 1, j)] if k < last else []),
+                     "W": [("B", k, j)]}[kind]
+            if all(finished.get(need, t + 1) <= t for need in needs):
+                busy_until[r] = finished[(kind, k, j)] = t + steps[kind]
+                while len(grid) < t + steps[kind]:
+                    grid.append([None] * num_ranks)
+                for step in range(t, t + steps[kind]):
+                    grid[step][r] = schedule[r][position[r]]
+                position[r] += 1
+        if not any(grid[t]):  # nobody busy and nobody could start: nothing will ever change
+            waiting = [f"rank {r} on {schedule[r][position[r]]}" for r in range(num_ranks)
+                       if position[r] < len(rows[r])]
             raise ValueError(f"schedule deadlocks at step {t}: " + ", ".join(waiting))
-        for s, action in enumerate(row):
-            if action is not None:
-                finished[(action[0], s, action[1])] = t
-                position[s] += 1
-        grid.append(row)
+        t += 1
     return grid
     # END EXERCISE
 
 
 def bubble_fraction(grid: Grid) -> float:
-    """Idle slots / all slots (time steps x stages) of a time grid."""
+    """Idle slots / all slots (time steps x ranks) of a time grid."""
     # EXERCISE 2.6: the share of idle cells (None) among all cells of the grid
     slots = len(grid) * len(grid[0])
     return sum(action is None for row in grid for action in row) / slots
@@ -157,12 +314,18 @@ def bubble_fraction(grid: Grid) -> float:
 
 
 def max_in_flight(actions: list[Action]) -> int:
-    """Largest number of micro-batches whose F has run and whose B has not, over one stage's actions
-    (any valid list, in any micro-batch order; the list is left unchanged)."""
-    # EXERCISE 2.6: the high-water mark of forwards not yet matched by their backward, walking the list in order
+    """Largest number of (virtual stage, micro-batch) pairs whose activations one rank holds at once over its
+    actions: from the F to the W of that pair when the list has one, else to its B. Each chunk of a rank
+    counts apart. Any valid list, in any order; the list is left unchanged."""
+    # EXERCISE 2.6: the high-water mark of forwards not yet released (by their W if the list has one, else by their B), in list order
+    key = lambda action: (action[1], action[2] if len(action) > 2 else None)  # noqa: E731
+    split = {key(action) for action in actions if action[0] == "W"}
     count = peak = 0
-    for kind, _ in actions:
-        count += 1 if kind == "F" else -1
+    for action in actions:
+        if action[0] == "F":
+            count += 1
+        elif action[0] == "W" or key(action) not in split:
+            count -= 1
         peak = max(peak, count)
     return peak
     # END EXERCISE
@@ -185,65 +348,113 @@ def split_microbatches(batch: torch.Tensor, num_microbatches: int) -> list[torch
     # END EXERCISE
 
 
-def run_pipeline(actions: list[Action], stage: PipelineStage, microbatch_inputs: list[torch.Tensor] | None,
-                 microbatch_targets: list[torch.Tensor] | None,
-                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor | None:
-    """Run this stage's `actions` (its row of a schedule); every rank calls it with its own row.
+def _stages_and_actions(stage: PipelineStage | Sequence[PipelineStage], actions: list[Action]) -> tuple[dict, list]:
+    """{virtual stage id: its module} of this rank, and the actions as (kind, j, stage id)."""
+    stages = [stage] if isinstance(stage, torch.nn.Module) else list(stage)
+    by_id = {s.stage_id: s for s in stages}
+    if not stages or len(by_id) != len(stages):
+        raise ValueError(f"run_pipeline needs this rank's stages, each once; got stage ids {[s.stage_id for s in stages]}")
+    only = stages[0].stage_id if len(stages) == 1 else None
+    listed = _normalise(actions, only, f"stage {only}" if only is not None else "this rank")
+    if any(k not in by_id for _, _, k in listed):
+        raise ValueError(f"the actions name virtual stages {sorted({k for _, _, k in listed} - set(by_id), key=str)} "
+                         f"that this rank does not hold (it holds {sorted(by_id)}); (kind, j) needs exactly one stage")
+    return by_id, listed
 
-    microbatch_inputs: the m input micro-batches on the first stage (None elsewhere);
-    microbatch_targets: the m target micro-batches on the last stage (None elsewhere).
-    Any valid row runs (not only GPipe's and 1F1B's, in any micro-batch order): ("F", j)
-    takes microbatch_inputs[j] and microbatch_targets[j], ("B", j) is the backward of that F.
-    Each micro-batch's loss is divided by m before its backward, so the gradients
+
+def run_pipeline(actions: list[Action], stage: PipelineStage | Sequence[PipelineStage],
+                 microbatch_inputs: list[torch.Tensor] | None, microbatch_targets: list[torch.Tensor] | None,
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor | None:
+    """Run this rank's `actions` (its row of a schedule); every rank calls it with its own row.
+
+    stage: this rank's PipelineStage, or the list of the virtual stages it holds (VirtualStage,
+    whose prev_rank / next_rank say where the neighbouring stages live; actions (kind, j, k) name
+    one of them, (kind, j) the only one). microbatch_inputs: the m input micro-batches on the rank
+    holding the first stage (None elsewhere); microbatch_targets: the m targets on the rank holding
+    the last stage (None elsewhere). Any valid row runs (any order, any placement): ("F", j) takes
+    microbatch_inputs[j] and microbatch_targets[j]; ("B", j) is the backward of that F: the whole
+    backward, or, when a ("W", j) of the same stage follows, only the gradient of the stage's
+    input (sent on at once), ("W", j) then accumulating the weight gradients into .grad. Two
+    neighbouring stages on the same rank hand over the activation and its gradient without a
+    message. Each micro-batch's loss is divided by m before its backward, so the gradients
     accumulated in .grad equal those of the mean loss over the whole batch.
     Sends leave before the next computation (the neighbour never starves), and what a
-    micro-batch needs is let go once its backward is done and its messages delivered:
-    a stage holds the micro-batches in flight, as the schedule says (max_in_flight), not m.
-    Returns the batch loss (mean over micro-batches, detached) on the last stage, None elsewhere.
+    micro-batch needs is let go once its backward (its W, when split) is done and its messages
+    delivered: a rank holds the micro-batches in flight, as the schedule says (max_in_flight), not m.
+    Returns the batch loss (mean over micro-batches, detached) on the rank holding the last stage,
+    None elsewhere.
     """
-    num_microbatches = _check_actions(actions, f"stage {stage.stage_id}")
-    # EXERCISE 2.6: walk the actions with 2.5's Mailbox: receive what an action needs, post the queued sends before computing, compute, queue its sends; wait for each send's Delivery once it is sure to have arrived so nothing outlives its micro-batch; flush at the end (guidelines 2.6, "Stuck?")
-    box, device = Mailbox(), stage.device
-    held = {}  # j -> (input, output) of F(j), kept until B(j)
-    losses, total = {}, []  # last stage: j -> loss(j) / m until B(j); the detached losses
-    sent = {}  # j -> Delivery of F(j)'s activation: it surely arrived once dL/d(activation) came back
+    stages, listed = _stages_and_actions(stage, actions)
+    first = next(iter(stages))
+    num_microbatches = _check_actions(actions, f"stage {first}" if len(stages) == 1 else "this rank", first)
+    # EXERCISE 2.6: walk the actions with 2.5's Mailbox: receive (or take from this rank), post queued sends, compute, queue sends; a split B computes the input gradient only, its W the weights'; wait for each Delivery once surely delivered; flush (guidelines 2.6, "Stuck?")
+    box = Mailbox()
+    split = {(k, j) for kind, j, k in listed if kind == "W"}
+    held = {}  # (k, j) -> (input, output or loss / m) of F(j) on stage k, kept until its backward (W) is done
+    handed = {}  # ("F" | "B", k, j) -> what a stage of this rank handed to its neighbour on this rank
+    pending = {}  # (k, j) -> dL/d(output) between a split B and its W
+    total = []  # the detached losses (last stage)
+    sent = {}  # (k, j) -> Delivery of F's activation: it surely arrived once dL/d(activation) came back
     grad_sent = None  # Delivery of the last input gradient sent back (one in flight, as torch's Schedule1F1B)
 
-    def forward(j: int) -> None:  # a function: its locals die with it, so no micro-batch outlives its B
-        if stage.is_first:
-            x = microbatch_inputs[j].to(device)
+    def forward(k: int, j: int) -> None:  # a function: its locals die with it, so no micro-batch outlives its B
+        st = stages[k]
+        if st.is_first:
+            x = microbatch_inputs[j].to(st.device)
+        elif k - 1 in stages:
+            x = handed.pop(("F", k, j)).requires_grad_()
         else:
-            x = box.recv_activation(stage.prev_rank, device).requires_grad_()
+            x = box.recv_activation(st.prev_rank, st.device).requires_grad_()
         box.post()  # sends queued by the previous action leave now if this one received nothing
-        out = stage(x)
-        if stage.is_last:
-            losses[j] = loss_fn(out, microbatch_targets[j].to(device)) / num_microbatches
+        out = st(x)
+        if st.is_last:
+            out = loss_fn(out, microbatch_targets[j].to(st.device)) / num_microbatches
+        elif k + 1 in stages:
+            handed[("F", k + 1, j)] = out.detach()
         else:
-            sent[j] = box.send_activation(out.detach(), stage.next_rank)
-        held[j] = (x, out)
+            sent[(k, j)] = box.send_activation(out.detach(), st.next_rank)
+        held[(k, j)] = (x, out)
 
-    def backward(j: int) -> None:
+    def backward(k: int, j: int) -> None:
         nonlocal grad_sent
-        x, out = held.pop(j)
-        if stage.is_last:
+        st = stages[k]
+        x, out = held[(k, j)] if (k, j) in split else held.pop((k, j))
+        if st.is_last:
             box.post()
-            loss = losses.pop(j)
-            loss.backward()
-            total.append(loss.detach())
+            grad = None
+            total.append(out.detach())
+        elif k + 1 in stages:
+            box.post()
+            grad = handed.pop(("B", k, j))
         else:
-            grad = box.recv(torch.empty_like(out), stage.next_rank)  # posts the queued sends too
-            sent.pop(j).wait()  # returns at once: the gradient proves the activation arrived
+            grad = box.recv(torch.empty_like(out), st.next_rank)  # posts the queued sends too
+            sent.pop((k, j)).wait()  # returns at once: the gradient proves the activation arrived
+        if (k, j) in split:
+            pending[(k, j)] = grad
+            x_grad = None if st.is_first else torch.autograd.grad(out, x, grad, retain_graph=True)[0]
+        else:
             out.backward(grad)
-        if not stage.is_first:
+            x_grad = x.grad
+        if st.is_first:
+            return
+        if k - 1 in stages:
+            handed[("B", k - 1, j)] = x_grad
+        else:
             if grad_sent is not None:
                 grad_sent.wait()
-            grad_sent = box.send(x.grad, stage.prev_rank)
+            grad_sent = box.send(x_grad, st.prev_rank)
 
-    for kind, j in actions:
-        if kind == "F":
-            forward(j)
-        else:
-            backward(j)
+    def weight(k: int, j: int) -> None:
+        box.post()  # the input gradient of the B before leaves before this computes
+        x, out = held.pop((k, j))
+        grad = pending.pop((k, j))
+        weights = [p for p in stages[k].parameters() if p.requires_grad]
+        if weights:
+            torch.autograd.backward(out, grad, inputs=weights)
+
+    run = {"F": forward, "B": backward, "W": weight}
+    for kind, j, k in listed:
+        run[kind](k, j)
     box.flush()
-    return torch.stack(total).sum() if stage.is_last else None
+    return torch.stack(total).sum() if total else None
     # END EXERCISE

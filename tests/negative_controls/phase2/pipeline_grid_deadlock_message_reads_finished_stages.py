@@ -9,10 +9,10 @@ EXERCISE = "2.6"
 CAUGHT_BY = ["test_2_6_time_grid_rejects_malformed_schedules"]
 
 _SOURCE = inspect.getsource(_reference)
-_OLD = """            waiting = [f"stage {s} on {schedule[s][position[s]]}" for s in range(num_stages)
-                       if position[s] < len(schedule[s])]
+_OLD = """            waiting = [f"rank {r} on {schedule[r][position[r]]}" for r in range(num_ranks)
+                       if position[r] < len(rows[r])]
 """
 assert _SOURCE.count(_OLD) == 1, "time_grid changed in the reference: update this control"
-_SOURCE = _SOURCE.replace(_OLD, '            waiting = [f"stage {s} on {schedule[s][position[s]]}" for s in range(num_stages)]\n')
+_SOURCE = _SOURCE.replace(_OLD, '            waiting = [f"rank {r} on {schedule[r][position[r]]}" for r in range(num_ranks)]\n')
 _SOURCE = _SOURCE.replace("from .model_split import", "from solutions.phase2_advanced.model_split import")
 exec(compile(_SOURCE, _reference.__file__, "exec"))

@@ -10,8 +10,8 @@ CAUGHT_BY = ["test_2_6_executor_runs_any_valid_schedule"]
 
 _SOURCE = inspect.getsource(_reference)
 _CHANGES = {
-    "            x = microbatch_inputs[j].to(device)\n": "            x = microbatch_inputs[len(held)].to(device)\n",
-    "losses[j] = loss_fn(out, microbatch_targets[j].to(device))": "losses[j] = loss_fn(out, microbatch_targets[len(held)].to(device))",
+    "            x = microbatch_inputs[j].to(st.device)\n": "            x = microbatch_inputs[len(held)].to(st.device)\n",
+    "out = loss_fn(out, microbatch_targets[j].to(st.device))": "out = loss_fn(out, microbatch_targets[len(held)].to(st.device))",
 }
 for _old, _new in _CHANGES.items():
     assert _SOURCE.count(_old) == 1, "run_pipeline changed in the reference: update this control"
