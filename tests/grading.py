@@ -303,14 +303,10 @@ def _reference_module(name: str) -> ModuleType | None:
 
 
 def _load_file(path: Path) -> ModuleType:
-    name = f"_control_{path.stem}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """A negative control: its reference with the definitions it names replaced, spliced at load
+    time (tests/controls.py); any other file (a mutant, a variant) as a module of its own."""
+    import controls
+    return controls.load(path)
 
 
 # ------------------------------------------------------------ reading results
@@ -717,14 +713,20 @@ def blame(line: str, record: dict, functions: tuple[GradedFunction, ...],
         exception was raised inside one (`record["where"]`): that one, or a function it calls,
         or (a method) another method of its class, whose state it reads;
       * the line names a class ("ZeroStage3, rank 0: ..."): any of its graded methods;
+      * a deadlock whose ranks wait inside different functions of the graded code
+        (`record["waiting"]`): any of them (or what they call), none named;
       * the failure's header, or the test's name, names a function: it, or what it calls, or
         its class's other methods; then the header naming a class.
-    Functions `cleared` (a test named for them passed) are no suspects unless named. Nothing
-    names any: (None, ()), the report cannot tell."""
+    A deadlock's "rank N: file:line in f" lines say where a rank waits, not whose bug it is: they
+    name nothing (a rank waits in a correct function for one that never sends). Functions
+    `cleared` (a test named for them passed) are no suspects unless named. Nothing names any:
+    (None, ()), the report cannot tell."""
+    header = record.get("header") or ""
+    if record.get("waiting") is not None and _WAIT_LINE.match(line):
+        line = ""  # where a rank waits: the evidence is record["where"] / record["waiting"] below
     first = _named_first(line, functions)
     if first:
         return first, (first,)
-    header = record.get("header") or ""
 
     def by_class(text: str):
         owner = _class_named_in(text, functions)
@@ -736,6 +738,8 @@ def blame(line: str, record: dict, functions: tuple[GradedFunction, ...],
     for fn in (_named_in(line, functions), record.get("where")):
         if fn:
             return fn, _suspects([fn], functions, cleared)
+    if len(record.get("waiting") or ()) > 1:  # ranks stuck in different functions: no telling which
+        return None, _suspects(record["waiting"], functions, cleared)
     found = by_class(line)
     if found:
         return found
@@ -772,6 +776,12 @@ def _function_status(f: GradedFunction, ranked: list[dict], todo: set[str], comp
     if through is not None:
         if through["function"]:
             return f"cannot tell: the failure of {through['function']} (above) may come from here"
+        if through.get("waiting"):
+            waiting = through["waiting"]
+            if f.name in waiting:
+                others = ", ".join(w for w in waiting if w != f.name)
+                return f"cannot tell: a deadlock (below) has ranks waiting here and in {others}"
+            return f"cannot tell: a deadlock (below) has ranks waiting in {', '.join(waiting)}, which may wait on this"
         owner = through.get("owner") or "its exercise"
         return f"cannot tell: a failure of {owner} (below) may be here; no test names which function"
     if any(not g["suspects"] for g in ranked):
@@ -780,12 +790,44 @@ def _function_status(f: GradedFunction, ranked: list[dict], todo: set[str], comp
 
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line \d+,? in (?P<func>[\w<>]+)')
+_WAIT_LINE = re.compile(r"\s*rank \d+: ")  # a deadlock's "rank N: file:line in f (waiting inside ...)"
 
 
-def failure_record(test: str, outcome: str, exc: BaseException | None, exercise: str) -> dict:
+def _in_graded_file(file: str, graded: Path | None, module: str | None) -> bool:
+    """A frame of the graded code: its file is the graded file (`graded`, when the caller knows it),
+    else (not known) a file of the graded module's name, which the reference's has too."""
+    if graded is not None:
+        try:
+            return Path(file).resolve() == graded
+        except (OSError, RuntimeError, ValueError):
+            return False
+    return Path(file).name == module
+
+
+def _waiting_in(dump: str, names: dict[str, str], graded: Path | None, module: str | None) -> str | None:
+    """The graded function a deadlocked rank waits in: the innermost frame of the graded code in its
+    main thread's faulthandler dump (most recent call first); None for a rank that finished, or waits
+    outside the graded code (in the reference, in the test): no evidence on the graded code."""
+    threads = re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump or "")
+    main = next((t for t in threads if "in _rank_main" in t), dump or "")
+    for m in _FRAME.finditer(main):
+        if m["func"] in names and _in_graded_file(m["file"], graded, module):
+            return names[m["func"]]
+    return None
+
+
+def failure_record(test: str, outcome: str, exc: BaseException | None, exercise: str,
+                   graded: str | Path | None = None) -> dict:
     """What the per-exercise report needs of one test's failure: its problem lines (all of
     them, not the first 12 an assertion shows), the header over them (compare.assert_no_problems),
-    and the graded function a traceback or a deadlocked rank's stack was in, if any."""
+    and the graded function a traceback was in, if any (`where`).
+
+    A deadlock (an exception with per-rank `stacks`): `waiting` lists, in rank order, the graded
+    functions its ranks wait in (each rank's innermost frame of the graded code); a rank that
+    finished, or moved on into the reference or the test's own code, is no evidence. `where` is
+    that function when they agree; when they disagree it is None and the report cannot tell.
+    `graded`: the file under test (tests/conftest.py passes it), so that the reference's frames,
+    whose file has the same name, are not taken for the graded code's."""
     lines: list[str] = []
     texts = [str(exc)] if exc is not None else []
     header = getattr(exc, "header", None) if exc is not None else None
@@ -815,15 +857,27 @@ def failure_record(test: str, outcome: str, exc: BaseException | None, exercise:
             header, kept = kept[0], kept[1:]  # a header over a list of problems
         prefix = "" if isinstance(exc, AssertionError) else f"{type(exc).__name__}: "
         lines = [prefix + (kept[0] if kept else type(exc).__name__)] + kept[1:] if prefix else kept or [text]
-        texts += [str(s) for s in getattr(exc, "stacks", {}).values()]
     module = f"{EXERCISES[exercise].module}.py" if exercise in EXERCISES else None
     names = {f.name.rsplit(".", 1)[-1]: f.name for f in graded_functions(exercise)} if exercise in EXERCISES else {}
-    where = None
-    for text in texts:
-        for m in _FRAME.finditer(text or ""):
-            if Path(m["file"]).name == module and m["func"] in names:
-                where = names[m["func"]]  # the innermost frame in the graded module wins
-    return {"test": test, "outcome": outcome, "lines": lines, "where": where, "header": header}
+    graded_path = Path(graded).resolve() if graded else None
+    stacks = getattr(exc, "stacks", None) if exc is not None else None
+    where, waiting = None, None
+    if stacks is not None:  # a deadlock: where its ranks wait (its message holds the same dumps: not read)
+        waiting = []
+        for rank in sorted(stacks):
+            fn = _waiting_in(str(stacks[rank] or ""), names, graded_path, module)
+            if fn and fn not in waiting:
+                waiting.append(fn)
+        where = waiting[0] if len(waiting) == 1 else None
+    else:
+        for text in texts:  # tracebacks, outermost frame first
+            for m in _FRAME.finditer(text or ""):
+                if m["func"] in names and _in_graded_file(m["file"], graded_path, module):
+                    where = names[m["func"]]  # the innermost frame in the graded module wins
+    record = {"test": test, "outcome": outcome, "lines": lines, "where": where, "header": header}
+    if waiting is not None:
+        record["waiting"] = tuple(waiting)
+    return record
 
 
 def _shape(line: str) -> str:
@@ -868,7 +922,8 @@ def exercise_report(row: dict, records: list[dict], limit: int = 8) -> list[str]
     for record in records:
         skipped = re.match(r"not run: (\S+) deadlocked", (record["lines"] or [""])[0])
         if skipped and skipped[1] in by_test:  # conftest.py's short cut: the deadlocked test's blame is its
-            record = {**record, "where": by_test[skipped[1]]["where"], "header": by_test[skipped[1]].get("header")}
+            record = {**record, "where": by_test[skipped[1]]["where"], "header": by_test[skipped[1]].get("header"),
+                      "waiting": by_test[skipped[1]].get("waiting")}
         if record["outcome"] == "todo":
             todo.add(_todo_function(record.get("todo"), record["test"], functions) or "")
             continue
@@ -877,9 +932,10 @@ def exercise_report(row: dict, records: list[dict], limit: int = 8) -> list[str]
         for line in record["lines"] or [f"{record['test']} failed"]:
             fn, suspects = blame(line, record, functions, cleared)
             owner = next((f.owner for f in functions if f.name in suspects and f.owner), None) if not fn else None
+            waiting = tuple(record.get("waiting") or ()) if not fn and len(record.get("waiting") or ()) > 1 else ()
             group = groups.setdefault((fn, suspects, _shape(line)), {
                 "function": fn, "suspects": suspects, "owner": owner, "line": line, "count": 0, "tests": [],
-                "order": order})
+                "order": order, "waiting": waiting})
             order += 1
             group["count"] += 1
             if record["test"] not in group["tests"]:

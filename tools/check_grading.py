@@ -2,8 +2,26 @@
 
 1. On the untouched templates, every graded test must be reported TODO: a test the
    templates pass grades nothing.
-2. Every negative control (tests/negative_controls/phaseN/*.py: the reference with one
-   mistake learners make) must be rejected: each test it names in CAUGHT_BY must fail
+2. Every negative control must be sound, then rejected. A control (tests/negative_controls/
+   phaseN/*.py) is the reference with one mistake learners make, written as the reference
+   plus named replacements spliced in at load time (tests/controls.py has the whole format):
+
+       \"\"\"One line: the mistake (this run prints it).\"\"\"
+       EXERCISE = "4.1"
+       CAUGHT_BY = ["test_4_1_failed_save_keeps_previous_checkpoint"]
+       EDITS = {"CheckpointManager.save": [(old_lines, new_lines)]}   # lines of one definition
+       def capture_rng(): ...        # a function of the reference, replaced
+       class ZeroStage3:             # a class of the reference: these methods replaced
+           def _pre_backward(self, unit): ...
+
+   Everything it does not name IS the reference (its callers of a replaced function meet
+   the replacement), so a control cannot drift from it. (The older spelling, `from <the
+   reference> import *` and overrides, still loads, under the same check.) Sound: the
+   control loads, what it replaces or edits exists in the reference and differs from it,
+   and the loaded module's functions and methods are the reference's outside the names it
+   declares. A control that is not sound is BROKEN (not run; the check fails): one that
+   cannot load would fail every test it names and look rejected.
+   Rejected: each test it names in CAUGHT_BY must fail
    by an assertion or an exception of the control's code, not as TODO and not by a
    harness error (outcome "error": a rank died without reporting, or the world could
    not even start before its deadline). A control whose bug deadlocks may set
@@ -31,6 +49,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "tests"))
+import controls as negative_controls  # noqa: E402
 import grading  # noqa: E402
 CONTROLS = REPO_ROOT / "tests" / "negative_controls"
 
@@ -69,6 +88,19 @@ def check_templates(test_file: Path) -> list[str]:
     bad = [f"{k}: {v} on the untouched templates (expected todo)" for k, v in graded.items() if v != "todo"]
     print(f"templates: {len(graded) - len(bad)}/{len(graded)} graded tests of {test_file.name} report TODO")
     return bad
+
+
+def check_splices(controls: list[dict]) -> tuple[list[str], set[str]]:
+    """Each control loads, replaces only what its reference has, and changes nothing it does not
+    name (tests/controls.py); a control that fails this is BROKEN: it is not run, and the check fails.
+    (A control that cannot load would otherwise fail every test it names, and count as rejected.)"""
+    failures, broken = [], set()
+    for control in controls:
+        for problem in negative_controls.problems(control["path"]):
+            print(f"{'BROKEN':9}{control['EXERCISE']} {problem}", flush=True)
+            failures.append(problem)
+            broken.add(control["path"].name)
+    return failures, broken
 
 
 def check_controls(test_file: Path, controls: list[dict]) -> list[str]:
@@ -129,19 +161,20 @@ def main(argv: list[str] | None = None) -> int:
     # One session per exercise's controls (a session's start, mostly `import torch`, costs
     # more than many a control), the largest first; one pool for every check of every phase,
     # so no slot idles while a slow one ends a phase.
+    failures, broken = check_splices([control for _, control in controls])
     groups: dict[tuple[Path, str], list[dict]] = {}
     for test_file, control in controls:
-        groups.setdefault((test_file, control["EXERCISE"]), []).append(control)
+        if control["path"].name not in broken:  # a control that does not load rejects nothing
+            groups.setdefault((test_file, control["EXERCISE"]), []).append(control)
     jobs = [(check_controls, (test_file, group)) for (test_file, _), group in
             sorted(groups.items(), key=lambda item: -len(item[1]))] + [(check_templates, (f,)) for f in templates]
-    failures: list[str] = []
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for result in pool.map(lambda job: job[0](*job[1]), jobs):
             failures += result
     if failures:
         print("\nThe graded tests are NOT honest:\n  " + "\n  ".join(failures))
         return 1
-    print("\ngrading is honest: templates are all TODO and every negative control is rejected")
+    print("\ngrading is honest: templates are all TODO and every negative control is sound and rejected")
     return 0
 
 
