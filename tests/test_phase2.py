@@ -33,3 +33,5 @@ from phase2.test_2_5_model_split import *  # noqa: E402,F401,F403
 from phase2.test_2_6_pipeline import *  # noqa: E402,F401,F403
 from phase2.test_2_7_tensor_parallel import *  # noqa: E402,F401,F403
 from phase2.test_2_8_mesh import *  # noqa: E402,F401,F403
+from phase2.test_2_9_context_parallel import *  # noqa: E402,F401,F403
+from phase2.test_2_10_moe import *  # noqa: E402,F401,F403
