@@ -303,9 +303,11 @@ def pytest_runtest_makereport(item, call):
         _outcomes[item.nodeid] = "todo" if todo else "pass" if report.passed else "error" if death else "fail"
         exercise = grading.exercise_of_test(item.name)
         if exercise in grading.EXERCISES:
+            ref = item.funcargs.get("grade") if hasattr(item, "funcargs") else None
             record = grading.failure_record(item.name, _outcomes[item.nodeid],
                                             None if report.passed or todo else
-                                            AssertionError(mismatch) if mismatch else call.excinfo.value, exercise)
+                                            AssertionError(mismatch) if mismatch else call.excinfo.value, exercise,
+                                            graded=ref(exercise).path() if callable(ref) else None)
             _records[item.nodeid] = {**record, "todo": todo}
     elif report.failed:  # teardown errors count against the test too
         _outcomes[item.nodeid] = "fail"
