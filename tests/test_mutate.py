@@ -199,3 +199,28 @@ def test_a_two_digit_exercise_is_mutated_and_sampled_on_its_own():
     assert not any(t.startswith("test_2_10_") for t in mutate.graded_tests("2.1"))
     assert {m.file for m in mutate.mutants_of("2.10")} == {"solutions/phase2_advanced/moe.py"}
     assert "2.10" in mutate._exercises_of_phases(mutate.CI_PHASES)
+
+
+def test_ci_samples_all_four_phases_and_only_the_fast_exercises_of_phases_3_and_4():
+    """--ci runs CI_PER_EXERCISE mutants of every exercise of phases 1-2 and, of phases 3-4, only the exercises
+    CI_SAMPLE_34 names (their graded tests take seconds; each exercise's unmutated file runs them all first), with
+    their numbers: every phase is covered, no torchrun exercise (4.2, 4.3) is."""
+    sampled = {ex: mutate.ci_sample_size(ex) for ex in mutate._exercises_of_phases(mutate.CI_PHASES)
+               if mutate.ci_sample_size(ex)}
+    assert {int(ex.split(".")[0]) for ex in sampled} == {1, 2, 3, 4}
+    assert all(n == mutate.CI_PER_EXERCISE for ex, n in sampled.items() if ex.split(".")[0] in ("1", "2"))
+    assert {ex: n for ex, n in sampled.items() if ex.split(".")[0] in ("3", "4")} == mutate.CI_SAMPLE_34
+    assert mutate.ci_sample_size("4.2") == mutate.ci_sample_size("4.3") == 0
+    assert "2.10" in sampled and sampled["2.10"] == mutate.CI_PER_EXERCISE
+
+
+def test_the_whole_list_check_reuses_the_mutants_already_made():
+    """--ci checks every entry of the list against the mutants of every file it names; mutants already made for the
+    sample (with their imports made absolute) give the same ids, so they are not made twice."""
+    made = mutate.mutants_of("1.1")
+    fresh = {m.id for m in mutate.mutants_of_source((grading.REPO_ROOT / made[0].file).read_text(), "1.1", made[0].file)}
+    assert {m.id for m in made} == fresh
+    entries = {e.id: e for e in mutate.read_list().values() if e.id.startswith(made[0].file)}
+    entries["solutions/phase1_data_parallel/sampler.py:1:drop:00000000"] = mutate.Entry(
+        "solutions/phase1_data_parallel/sampler.py:1:drop:00000000", "equivalent", "a stale one", 0)
+    assert mutate._check_whole_list(entries, {"1.1": made}) == mutate._check_whole_list(entries) != []

@@ -5,7 +5,7 @@
     python tools/mutate.py 1.1 --list [--diff]    # the mutants only, nothing run
     python tools/mutate.py 2.6 --ids ID [ID...]   # just these mutants (e.g. the survivors of a run)
     python tools/mutate.py 2.6 --renumber --list  # after an edit moved lines: fix the list's ids
-    python tools/mutate.py --ci                   # CI: a fixed sample of phases 1-2 (see CI_PER_EXERCISE)
+    python tools/mutate.py --ci                   # CI: a fixed sample of phases 1-4 (see ci_sample_size)
     python tools/mutate.py 1.1 --json out.json    # also every mutant's verdict as JSON
     python tools/mutate.py --variants DIR         # whole-file variants written by hand (below)
 
@@ -107,10 +107,14 @@ sys.path.insert(0, str(TOOLS))
 import make_templates  # noqa: E402
 
 EQUIVALENT_LIST = TOOLS / "mutants_equivalent.txt"
-CI_PHASES = (1, 2)
-CI_PER_EXERCISE = 2  # mutants per exercise that CI runs (a fixed sample: --seed 0)
+CI_PHASES = (1, 2, 3, 4)
+CI_PER_EXERCISE = 2  # mutants per exercise of phases 1-2 that CI runs (a fixed sample: --seed 0)
+# Phases 3-4 run worlds of up to 5 ranks and torchrun launches: CI samples only the exercises whose graded tests
+# take seconds (each exercise's unmutated file runs them all first), so that the sample fits CI's budget; the
+# others are mutation-tested by full runs (README, "Mutation testing").
+CI_SAMPLE_34 = {"3.1": 2, "3.2": 1, "4.4": 1, "4.5": 1}
 CI_SEED = 0
-CI_WORLD_TIMEOUT = 30.0  # the worlds of phases 1-2 need a few seconds; a deadlocked mutant waits this out
+CI_WORLD_TIMEOUT = 30.0  # the worlds sampled need a few seconds (4.4's shared world the most); a deadlocked mutant waits this out
 
 
 # ------------------------------------------------------------------ exercises and regions
@@ -886,6 +890,12 @@ def pytest_runtest_makereport(item, call):
 # ------------------------------------------------------------------ command line
 
 
+def ci_sample_size(exercise: str) -> int:
+    """How many mutants of `exercise` CI's sample (--ci) runs: CI_PER_EXERCISE in phases 1-2, CI_SAMPLE_34's
+    number (0 if none) in phases 3-4."""
+    return CI_PER_EXERCISE if int(exercise.split(".")[0]) in (1, 2) else CI_SAMPLE_34.get(exercise, 0)
+
+
 def _exercises_of_phases(phases) -> list[str]:
     sys.path.insert(0, str(REPO_ROOT / "tests"))
     import grading
@@ -893,8 +903,9 @@ def _exercises_of_phases(phases) -> list[str]:
             and (REPO_ROOT / "solutions" / e.phase).is_dir()]
 
 
-def _check_whole_list(entries: dict[str, Entry]) -> list[str]:
-    """Stale entries anywhere in the list (every exercise of every file it names)."""
+def _check_whole_list(entries: dict[str, Entry], known: dict[str, list[Mutant]] | None = None) -> list[str]:
+    """Stale entries anywhere in the list (every exercise of every file it names); `known`: mutants already
+    made, by exercise (ids do not depend on the import rewriting), not made twice."""
     problems, mutants = [], []
     files = {e.id.split(":")[0] for e in entries.values()}
     for file in sorted(files):
@@ -904,7 +915,8 @@ def _check_whole_list(entries: dict[str, Entry]) -> list[str]:
             continue
         text = path.read_text()
         for ex in sorted({r[0] for r in regions(text)}):
-            mutants += mutants_of_source(text, ex, file)
+            made = [m for m in (known or {}).get(ex, []) if m.file == file]
+            mutants += made or mutants_of_source(text, ex, file)
     return problems + stale_entries(entries, mutants)
 
 
@@ -914,9 +926,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max", type=int, help="at most this many mutants per exercise (a deterministic sample)")
     parser.add_argument("--seed", type=int, default=0, help="the sample's seed (default 0)")
     parser.add_argument("--ci", action="store_true",
-                        help=f"CI: {CI_PER_EXERCISE} mutants of each exercise of phases {CI_PHASES} that the list "
-                             "does not call equivalent; fails on a survivor the list does not name, and on "
-                             "stale entries")
+                        help=f"CI: {CI_PER_EXERCISE} mutants of each exercise of phases 1-2, and of phases 3-4 "
+                             f"{CI_SAMPLE_34}, that the list does not call equivalent; fails on a survivor the list "
+                             "does not name, and on stale entries")
     parser.add_argument("--variants", nargs="+", metavar="PATH",
                         help="run these whole-file variants (files, or folders of x.y/ subfolders) instead of "
                              "mutants: wrong ones must be caught, correct*.py ones must pass")
@@ -951,7 +963,7 @@ def main(argv: list[str] | None = None) -> int:
         return main_variants(args)
     entries = read_list()
     if args.ci:
-        exercises, most, seed = _exercises_of_phases(CI_PHASES), CI_PER_EXERCISE, CI_SEED
+        exercises, most, seed = [ex for ex in _exercises_of_phases(CI_PHASES) if ci_sample_size(ex)], None, CI_SEED
     else:
         exercises, most, seed = args.exercises, args.max, args.seed
         if not exercises:
@@ -966,7 +978,7 @@ def main(argv: list[str] | None = None) -> int:
             candidates = [m for m in candidates if entries.get(m.id, Entry("", "", "", 0)).kind != "equivalent"]
         if args.ids:
             candidates = [m for m in candidates if m.id in args.ids]
-        chosen += sample(candidates, most, seed)
+        chosen += sample(candidates, ci_sample_size(ex) if args.ci else most, seed)
     every = [m for ms in generated.values() for m in ms]
     unknown = sorted(set(args.ids or ()) - {m.id for m in every})
     if unknown:
@@ -977,7 +989,7 @@ def main(argv: list[str] | None = None) -> int:
         for old, new in moves.items():
             print(f"renumbered {old} -> {new}")
         entries = read_list()
-    stale = _check_whole_list(entries) if args.ci else stale_entries(entries, every)
+    stale = _check_whole_list(entries, generated) if args.ci else stale_entries(entries, every)
 
     if args.list:
         for m in chosen:

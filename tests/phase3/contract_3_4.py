@@ -53,14 +53,6 @@ CONTRACT = {
 
 IRRELEVANT = {
     "ParameterServer.__init__: mode left to its default": SIGNATURE_DEFAULT,
-    "ParameterServer.__init__: one worker": "deferred: one worker is the degenerate round (W = 1); the rounds are "
-        "graded with 2 and 3 workers, and a world of its own costs ~5 s",
-    "ParameterServer.__init__: staleness_bound = 0 (async that waits like sync)": "deferred: the bound is graded "
-        "at 1 under a slow worker (test_3_4_staleness_bound_holds_under_slow_worker); 0 needs a world of its own",
-    "run_worker: no batches (pull, then DONE)": "deferred: DONE handling is graded "
-        "(test_3_4_done_completes_a_round_and_releases_a_held_worker); a worker with no batch needs a world of its own",
-    "run_worker: a parameter without gradient (pushes zeros)": "deferred: needs a model with an unused parameter "
-        "in a world of its own (the sync world's traffic test counts every byte of its model)",
     "flatten": "given code (no EXERCISE region): the message layout", "unflatten_into": "given code (no EXERCISE region): the message layout",
     "load_ratio": "given code (no EXERCISE region): a statistic of the assignment", "server_loads": "given code (no EXERCISE region): a statistic of the assignment",
     "shard_of": "given code (no EXERCISE region): the indices a server owns", "ps_group": "given code (no EXERCISE region): the group the messages travel on",

@@ -29,6 +29,9 @@ P2P = {"send", "recv", "isend", "irecv", "batch_isend_irecv"}
 # Receive buffers that are not views of the tensor: at most one per phase of the ring.
 MAX_BUFFERS = {"ring_reduce_scatter": 1, "ring_all_gather": 1, "ring_all_reduce": 2}
 PARTITIONS = [[[0], [1, 2, 3]], [[0, 2], [1, 3]]]  # subgroups, in the world of 4
+# A large tensor (world of 2): 33.5 MB of float32, two chunks of more than 16 MiB each, the first one element longer
+# (numel odd): whatever a solution does with large messages (one message, or pieces), the values must be torch's.
+LARGE_NUMEL = 2 * (16 << 20) // 4 + 5
 
 
 def _data(rank: int, case: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
@@ -113,6 +116,19 @@ def _refuses_integer_avg(mod) -> str | None:
     return "ring_all_reduce(int64 tensor, op='avg') must raise TypeError or ValueError (AVG needs floating point)"
 
 
+def _large_case(mod) -> str | None:
+    """ring_all_reduce of LARGE_NUMEL floats against dist.all_reduce, judged here (the tensors stay in the rank)."""
+    gen = torch.Generator().manual_seed(77 + dist.get_rank())
+    x = torch.randn(LARGE_NUMEL, generator=gen)
+    expected = x.clone()
+    dist.all_reduce(expected)
+    try:
+        mod.ring_all_reduce(x)
+    except Exception as exc:  # noqa: BLE001 - reported as the problem
+        return f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return diff_report(x, expected, "", rtol=1e-5, atol=1e-5) or None
+
+
 def _ring_rank(ref: grading.ModuleRef) -> dict:
     mod = ref.load()
     world = dist.get_world_size()
@@ -120,6 +136,8 @@ def _ring_rank(ref: grading.ModuleRef) -> dict:
            # ring_neighbours(group) as called: the default, the world's group spelled out, then each subgroup
            "neighbours": [("the default group", list(range(world)), mod.ring_neighbours()),
                           ("group=dist.group.WORLD", list(range(world)), mod.ring_neighbours(dist.group.WORLD))]}
+    if world == 2:
+        out["large"] = _large_case(mod)
     if world == 4:
         for partition in PARTITIONS:
             groups = [dist.new_group(members) for members in partition]  # every rank creates every group
@@ -198,6 +216,12 @@ def _traffic_problems(records: list[dict]) -> list[str]:
                 problems.append(f"{r['what']}: {kind}s {'to' if kind == 'send' else 'from'} rank(s) {sorted(strangers)}, "
                                 f"but its ring neighbours are ranks {previous} and {following} (global ranks; "
                                 "in a group, peers are the group's members)")
+        phases = 2 if r["function"] == "ring_all_reduce" else 1
+        messages = sum(k == "send" for k, _, _ in r["ops"])
+        if messages > phases * (parts - 1):
+            problems.append(f"{r['what']}: posted {messages} sends; a ring sends one chunk per step, {phases} x (p-1) = "
+                            f"{phases * (parts - 1)} messages at most (the cost model's {'' if phases == 1 else 2}"
+                            f"(p-1) latencies: a chunk cut into several messages pays alpha for each)")
         sent = sum(b for k, _, b in r["ops"] if k == "send")
         reduce_scatter = total - chunks[me]
         all_gather = {total - chunks[(me + 1) % parts], total - chunks[(me - 1) % parts]}  # either direction
@@ -274,3 +298,12 @@ def test_3_1_subgroups(grade):
     problems = _traffic_problems(records) + _value_problems(records)  # wrong peers first: they name the cause
     assert_no_problems(problems, f"in a world of 4, on the process groups {PARTITIONS[0]} and then {PARTITIONS[1]} "
                                  "(group= given; the group's rank r is not global rank r):")
+
+
+def test_3_1_a_large_tensor(grade):
+    """ring_all_reduce of 33.5 MB of float32 on 2 ranks (chunks of more than 16 MiB, the first one element longer)
+    equals dist.all_reduce on every rank: however a solution moves large chunks (one message, or pieces through a
+    bounded buffer), every element arrives."""
+    problems = [f"ring_all_reduce of {LARGE_NUMEL} float32 on rank {rank} of 2: {result['large']}"
+                for rank, result in enumerate(_world(grade("3.1"), 2)) if result["large"]]
+    assert_no_problems(problems, "a large tensor:")

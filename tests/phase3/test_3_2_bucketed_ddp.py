@@ -342,9 +342,59 @@ def _scenario_subgroup(mod, rank: int) -> dict | None:
     return {"after_init": after_init, "steps": steps}
 
 
+class MixedNet(nn.Module):
+    """A float32 layer, then a float64 one, each bias registered BEFORE its weight (registration order is not
+    the order backward produces gradients in); with a cap of 1 byte, every parameter is a bucket of its own."""
+
+    def __init__(self):
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(5)
+            self.b1 = nn.Parameter(torch.randn(8) * 0.1)
+            self.w1 = nn.Parameter(torch.randn(8, 6) * 0.3)
+            self.b2 = nn.Parameter(torch.randn(5, dtype=torch.float64) * 0.1)
+            self.w2 = nn.Parameter(torch.randn(5, 8, dtype=torch.float64) * 0.3)
+        self.events: list | None = None  # while set: ("backward reaches", "first") when backward reaches layer 1
+
+    def forward(self, x):
+        h = F.linear(x, self.w1, self.b1)
+        if self.events is not None and h.requires_grad:
+            events = self.events
+            h.register_hook(lambda grad: events.append(("backward reaches", "first")))
+        return F.linear(torch.relu(h).double(), self.w2, self.b2)
+
+
+def _mixed_loss(model, step: int, rank: int) -> torch.Tensor:
+    x, y = _batch(step, rank)
+    return F.cross_entropy(model(x), y)
+
+
+def _scenario_mixed(mod, rank: int) -> dict:
+    """MixedNet, a bucket per parameter (cap 1 byte), BucketedDDP and torch DDP: step 0 synced (its events); then a
+    backward through the wrapped module itself (model.module, no forward of the wrapper): what each gives."""
+    ours_net, torch_net = MixedNet(), MixedNet()
+    ours = mod.BucketedDDP(ours_net, bucket_cap_mb=1 / 2**20)
+    ref = DDP(torch_net, bucket_cap_mb=1 / 2**20)
+    events: list = []
+    ours_net.events = events
+    with _log(mod, events):
+        _mixed_loss(ours, 0, rank).backward()
+        events.append(("backward returned",))
+    ours_net.events = None
+    _mixed_loss(ref, 0, rank).backward()
+    synced = {"ours": _grads(ours_net), "torch": _grads(torch_net)}
+    for net in (ours_net, torch_net):
+        net.zero_grad(set_to_none=True)
+    with _log(mod) as log:
+        _mixed_loss(ours_net, 1, rank).backward()  # the module itself: no forward of the wrapper prepared a sync
+    _mixed_loss(torch_net, 1, rank).backward()
+    return {"events": events, "synced": synced, "unwrapped": {"ours": _grads(ours_net), "torch": _grads(torch_net)},
+            "unwrapped_calls": _calls(log)}
+
+
 _SCENARIOS = {"train": _scenario_train, "no_sync": _scenario_no_sync, "unused": _scenario_unused,
               "unused_accumulated": _scenario_unused_accumulated, "late_delivery": _scenario_late_delivery,
-              "subgroup": _scenario_subgroup, "tied_frozen": _scenario_tied_frozen}
+              "subgroup": _scenario_subgroup, "tied_frozen": _scenario_tied_frozen, "mixed": _scenario_mixed}
 
 
 def _ddp_rank(ref: grading.ModuleRef) -> dict:
@@ -404,6 +454,7 @@ def test_3_2_assign_buckets_follows_the_rule(grade):
         ("the docstring's example", params((10, f32, "cpu", True), (10, f32, "cpu", True),
                                            (30, f32, "cpu", True), (5, f32, "cpu", True)), 80, [[3, 2], [1, 0]]),
         ("a bucket closes when it REACHES the cap (>=)", params(*[(5, f32, "cpu", True)] * 3), 40, [[2, 1], [0]]),
+        ("a bucket one byte short of the cap stays open", params(*[(10, f32, "cpu", True)] * 3), 81, [[2, 1, 0]]),
         ("a parameter larger than the cap closes the bucket it joins",
          params((2, f32, "cpu", True), (100, f32, "cpu", True), (2, f32, "cpu", True), (2, f32, "cpu", True)),
          32, [[3, 2, 1], [0]]),
@@ -613,3 +664,34 @@ def test_3_2_tied_and_frozen_parameters_like_ddp(grade):
                                  "torch DDP: every parameter, frozen ones too, is rank 0's after construction; a "
                                  "frozen parameter gets no gradient (.grad None) and no bucket slot; a tied one is "
                                  "all-reduced once, with the sum of both uses' gradients:")
+
+
+def test_3_2_mixed_dtypes_one_parameter_buckets_and_a_backward_of_the_module_alone(grade):
+    """MixedNet (float32 then float64 layers, each bias registered before its weight) with a bucket per parameter,
+    against torch DDP: the synced step's gradients equal DDP's (each bucket's flat buffer in its parameters' dtype,
+    each .grad of its parameter's dtype), the first all_reduce starts before backward reaches the first layer
+    (a bucket launches when its parameter is ready, whatever the registration order), and a backward through
+    the wrapped module alone afterwards (model.module(x): no forward of the wrapper prepared a sync, as in torch
+    DDP) issues no collective and leaves each rank its own gradient."""
+    ranks = _results(grade("3.2"), "mixed")
+    problems = []
+    for rank, r in enumerate(ranks):
+        what = f"rank {rank} of {_WORLD} (local batch {3 + 2 * rank})"
+        problems += _grad_problems(r["synced"]["ours"], r["synced"]["torch"], f"{what}, the synced step")
+        for name, grad in r["synced"]["ours"].items():
+            want = r["synced"]["torch"][name]
+            if grad is not None and want is not None and grad.dtype != want.dtype:
+                problems.append(f"{what}: {name}.grad is {grad.dtype}, its parameter {want.dtype}")
+        kinds = [e[0] for e in r["events"]]
+        if "collective" in kinds and "backward reaches" in kinds \
+                and kinds.index("collective") > kinds.index("backward reaches"):
+            problems.append(f"{what}: the first all_reduce came after backward reached the first layer: the buckets "
+                            f"of the second layer's parameters (complete long before) waited. Events: {r['events']}")
+        if r["unwrapped_calls"]:
+            problems.append(f"{what}: a backward through model.module (no forward of the wrapper) called "
+                            f"{[name for name, _ in r['unwrapped_calls']]}; only a forward of the wrapper prepares a "
+                            "sync, for its own backward (a decision left armed after the synced backward?)")
+        problems += _grad_problems(r["unwrapped"]["ours"], r["unwrapped"]["torch"],
+                                   f"{what}, a backward through model.module alone (each rank's own gradient)")
+    assert_no_problems(problems, "a float32 + float64 model, a bucket per parameter (bucket_cap_mb = 1 byte), "
+                                 "against torch DDP:")

@@ -103,13 +103,20 @@ def _topology_checks(mod, shape) -> dict:
     finally:
         for var, value in saved.items():
             os.environ.pop(var, None) if value is None else os.environ.__setitem__(var, value)
-    try:
-        mod.topology_from_env(ranks_per_node=dist.get_world_size() - 1 if dist.get_world_size() > 2 else 3)
-        out["bad_split"] = "returned a topology"
-    except ValueError:
-        out["bad_split"] = None
-    except Exception as exc:  # noqa: BLE001
-        out["bad_split"] = f"raised {type(exc).__name__}: {exc}" if not grading.todo_of(exc) else _error(exc)
+    for key, nodes_of in (("bad_split", dist.get_world_size() - 1 if dist.get_world_size() > 2 else 3),
+                          ("zero_split", None)):  # nodes that do not divide the world; torchrun's nodes of no rank
+        if nodes_of is None:
+            os.environ.update(GROUP_RANK="0", LOCAL_RANK="0", LOCAL_WORLD_SIZE="0")
+        try:
+            mod.topology_from_env(ranks_per_node=nodes_of)
+            out[key] = "returned a topology"
+        except ValueError:
+            out[key] = None
+        except Exception as exc:  # noqa: BLE001
+            out[key] = f"raised {type(exc).__name__}: {exc}" if not grading.todo_of(exc) else _error(exc)
+        finally:
+            for var, value in saved.items():
+                os.environ.pop(var, None) if value is None else os.environ.__setitem__(var, value)
     return out
 
 
@@ -314,11 +321,13 @@ def test_3_3_topology_from_the_launch_environment(grade, world):
                           f"LOCAL_WORLD_SIZE={shape[1]}")
                 diff = {f: (result[f], want[f]) for f in want if result[f] != want[f]}
                 problems.append(f"{source} on rank {rank} of {world}: (got, expected) {diff}")
-        if isinstance(got["bad_split"], dict):
-            _raise(rank, got["bad_split"], "topology_from_env on a world that does not split")
-        if got["bad_split"]:
-            problems.append(f"topology_from_env with nodes that do not divide a world of {world} ranks "
-                            f"{got['bad_split']}; expected ValueError")
+        for key, what in (("bad_split", "nodes that do not divide a world"),
+                          ("zero_split", "LOCAL_WORLD_SIZE=0 (GROUP_RANK=0, LOCAL_RANK=0) in a world")):
+            if isinstance(got[key], dict):
+                _raise(rank, got[key], f"topology_from_env with {what}")
+            if got[key]:
+                problems.append(f"topology_from_env with {what} of {world} ranks {got[key]}; expected ValueError "
+                                "(the docstring: the world does not split into equal nodes)")
     assert_no_problems(problems, "nodes are consecutive blocks of ranks_per_node ranks: "
                                  "rank = node_rank * ranks_per_node + local_rank (guidelines 3.3):")
 
@@ -413,7 +422,7 @@ def _time_formula(nbytes, n, k, intra, inter, nics) -> dict:
             + 2 * (n - 1) * (inter.alpha + nbytes / (k * n) / per_rank_bw)}
 
 
-_CLUSTERS = [(2, 8), (16, 8), (1, 8), (4, 1), (1, 1), (3, 5)]
+_CLUSTERS = [(2, 8), (16, 8), (1, 8), (4, 1), (1, 1), (3, 5), (2, 2), (2, 3)]  # 1000 B is no multiple of 3
 
 
 def test_3_3_cross_node_bytes_formula(grade):

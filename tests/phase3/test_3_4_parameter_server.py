@@ -193,7 +193,71 @@ def _digits_rank(mod) -> dict:
     return {"seen": seen}
 
 
-_SCENARIOS = {"sync": _sync_rank, "ssp": _ssp_rank, "digits": _digits_rank}
+class _WithUnused(nn.Module):
+    """The sync model plus a parameter no loss reaches: its .grad stays None, the worker pushes zeros for it."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = _sync_model()
+        self.unused = nn.Parameter(torch.arange(5.0))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+_EDGE_COUNTS = (0, _SYNC_STEPS, _SYNC_STEPS)  # worker rank _K has no batch: it pulls, then sends DONE
+_EDGE_ASSIGNMENT = [0, 0, 1, 1, 1]  # the unused parameter (a module's own parameters come first) shares server 0's shard with W1
+_ONE_ASSIGNMENT = [0, 1, 2, 3]  # _WORLD - 1 servers (one parameter each) and one worker
+
+
+def _sync_worker_batches(j: int, steps: int) -> list:
+    part = slice(j * _SYNC_BATCH, (j + 1) * _SYNC_BATCH)
+    return [(x[part], y[part]) for x, y in _sync_batches()[:steps]]
+
+
+def _cross_entropy(m: nn.Module, batch) -> torch.Tensor:
+    return F.cross_entropy(m(batch[0]), batch[1])
+
+
+def _edges_rank(mod) -> dict:
+    """Sync; worker rank _K has no batches (a list, empty); the model has a parameter without gradient."""
+    model = _WithUnused()
+    if dist.get_rank() < _K:
+        return {"record": _plain(mod.ParameterServer(list(model.parameters()), _EDGE_ASSIGNMENT, _K, _LR,
+                                                     mode="sync").serve())}
+    j = _worker_index()
+    steps = mod.run_worker(model, _sync_worker_batches(j, _EDGE_COUNTS[j]), _cross_entropy, _EDGE_ASSIGNMENT, _K)
+    return {"steps": steps, "params": [p.detach().clone() for p in model.parameters()]}
+
+
+def _lockstep_rank(mod) -> dict:
+    """Async with staleness_bound=0: every worker's step r is computed on the parameters after round r-1."""
+    model = _sync_model()
+    if dist.get_rank() < _K:
+        return {"record": _plain(mod.ParameterServer(list(model.parameters()), _SYNC_ASSIGNMENT, _K, _LR,
+                                                     mode="async", staleness_bound=0).serve())}
+    steps = mod.run_worker(model, _sync_worker_batches(_worker_index(), _SYNC_STEPS), _cross_entropy,
+                           _SYNC_ASSIGNMENT, _K)
+    return {"steps": steps, "params": [p.detach().clone() for p in model.parameters()]}
+
+
+def _one_worker_rank(mod) -> dict:
+    """_WORLD - 1 servers and one worker (the last rank), sync then async: the worker trains on every row."""
+    out = {}
+    servers = _WORLD - 1
+    for mode in ("sync", "async"):
+        model = _sync_model()
+        if dist.get_rank() < servers:
+            out[mode] = _plain(mod.ParameterServer(list(model.parameters()), _ONE_ASSIGNMENT, servers, _LR,
+                                                   mode=mode).serve())
+        else:
+            steps = mod.run_worker(model, _sync_batches(), _cross_entropy, _ONE_ASSIGNMENT, servers)
+            out[mode] = {"steps": steps, "params": [p.detach().clone() for p in model.parameters()]}
+    return out
+
+
+_SCENARIOS = {"sync": _sync_rank, "ssp": _ssp_rank, "digits": _digits_rank, "edges": _edges_rank,
+              "lockstep": _lockstep_rank, "one worker": _one_worker_rank}
 
 
 def _ps_rank(ref: grading.ModuleRef) -> dict:
@@ -316,11 +380,10 @@ def _unequal_scenario(mod, mode: str) -> dict:
     return {"steps": steps, "params": [p.detach().clone() for p in model.parameters()]}
 
 
-def _unequal_truth() -> list[torch.Tensor]:
+def _unequal_truth(counts: tuple[int, ...] = _UNEQUAL["sync"]) -> list[torch.Tensor]:
     """Sync with unequal batches: round r averages the gradients of the workers that have a batch r."""
     model = _sync_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=_LR)
-    counts = _UNEQUAL["sync"]
     for r, (x, y) in enumerate(_sync_batches()[:max(counts)]):
         rows = torch.cat([torch.arange(j * _SYNC_BATCH, (j + 1) * _SYNC_BATCH) for j in range(_W) if counts[j] > r])
         optimizer.zero_grad()
@@ -645,3 +708,85 @@ def test_3_4_done_completes_a_round_and_releases_a_held_worker(grade):
                     if problem:
                         problems.append(problem)
     assert_no_problems(problems, "workers with unequal numbers of batches (the first finishes early):")
+
+
+def _params_problems(got: list[torch.Tensor], want: list[torch.Tensor], what: str) -> list[str]:
+    problems = []
+    for i, (g, w) in enumerate(zip(got, want)):
+        problem = diff_report(g, w, f"{what}, parameter {i}", rtol=1e-5, atol=1e-6)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def test_3_4_a_worker_without_batches_and_a_parameter_without_gradient(grade):
+    """Sync, one worker with no batch (it pulls, then sends DONE: run_worker returns 0, its model holds the
+    parameters it pulled, the first ones), a parameter no loss reaches (the workers push zeros for it: it
+    never moves): the servers end exactly as one process's SGD averaging the workers that have a batch."""
+    results = _results(grade("3.4"), "edges")
+    problems, params = _server_params_problems(results, _EDGE_ASSIGNMENT, "no batch / no gradient")
+    start = [p.detach().clone() for p in _WithUnused().parameters()]
+    truth = [start[0]] + _unequal_truth(_EDGE_COUNTS)
+    problems += _params_problems([params[i] for i in sorted(params)], [truth[i] for i in sorted(params)],
+                                 f"the servers' shards (workers of {_EDGE_COUNTS} batches; parameter 0 has no "
+                                 "gradient: zeros pushed, it stays as it was)")
+    for j, count in enumerate(_EDGE_COUNTS):
+        rank = _K + j
+        if results[rank]["steps"] != count:
+            problems.append(f"run_worker on rank {rank} returned {results[rank]['steps']}, it had {count} batches")
+        problems += _params_problems(results[rank]["params"], start if count == 0 else truth,
+                                     f"worker rank {rank} ({count} batches) after its last pull")
+    for k in range(_K):
+        record = results[k]["record"]
+        if record["version"] != _SYNC_STEPS:
+            problems.append(f"server {k}: version {record['version']}, expected {_SYNC_STEPS} (one per round)")
+        if sorted(record["staleness"]) != sorted((_K + j, 0) for j, c in enumerate(_EDGE_COUNTS) for _ in range(c)):
+            problems.append(f"server {k}: staleness record {record['staleness']}, expected (worker, 0) for each of the "
+                            f"{sum(_EDGE_COUNTS)} gradients (sync: everybody computes on the version of the round)")
+    assert_no_problems(problems, "a worker without batches and a parameter without gradient (sync):")
+
+
+def test_3_4_staleness_bound_zero_is_lockstep(grade):
+    """Async with staleness_bound=0: no worker is answered before every active worker has pushed as many
+    gradients, so each round's W gradients are all computed on the same parameters and applied one by one:
+    exactly one process's SGD with the SUM of the round's gradients (lr x W on the mean), every server's
+    staleness record is 0, 1, ..., W-1 in each round of W arrivals (from W different workers)."""
+    results = _results(grade("3.4"), "lockstep")
+    problems, params = _server_params_problems(results, _SYNC_ASSIGNMENT, "staleness_bound=0")
+    truth = _sync_truth(lr_scale=_W)
+    problems += _params_problems([params[i] for i in sorted(params)], [truth[i] for i in sorted(params)],
+                                 "the servers' shards (one process, SGD with lr x W on each step's whole batch)")
+    for rank in range(_K, _WORLD):
+        if results[rank]["steps"] != _SYNC_STEPS:
+            problems.append(f"run_worker on rank {rank} returned {results[rank]['steps']}, expected {_SYNC_STEPS}")
+        problems += _params_problems(results[rank]["params"], truth, f"worker rank {rank} after its last pull")
+    for k in range(_K):
+        record = results[k]["record"]
+        rounds = [record["staleness"][r * _W:(r + 1) * _W] for r in range(_SYNC_STEPS)]
+        if record["version"] != _W * _SYNC_STEPS or any(
+                [s for _, s in chunk] != list(range(_W)) or len({w for w, _ in chunk}) != _W for chunk in rounds):
+            problems.append(f"server {k}: version {record['version']}, staleness record {record['staleness']}; "
+                            f"expected version {_W * _SYNC_STEPS} and, per round of {_W} arrivals from {_W} different "
+                            f"workers, staleness 0, 1, ..., {_W - 1} (lock-step: all computed on the round's version)")
+    assert_no_problems(problems, f"asynchronous mode with staleness_bound=0, {_W} workers x {_SYNC_STEPS} steps:")
+
+
+def test_3_4_one_worker_is_single_process_sgd(grade):
+    """One worker (and _WORLD - 1 servers, one parameter each), sync then async: both are exactly one process's
+    SGD on the worker's batches; async records staleness 0 for every gradient (nobody else moves the version)."""
+    results = _results(grade("3.4"), "one worker")
+    servers, truth, problems = _WORLD - 1, _sync_truth(), []
+    for mode in ("sync", "async"):
+        worker = results[servers][mode]
+        if worker["steps"] != _SYNC_STEPS:
+            problems.append(f"{mode}: run_worker returned {worker['steps']}, expected {_SYNC_STEPS}")
+        problems += _params_problems(worker["params"], truth, f"{mode}: the worker after its last pull")
+        for k in range(servers):
+            record = results[k][mode]
+            problems += _params_problems([record["params"].get(k, torch.tensor(float("nan")))], [truth[k]],
+                                         f"{mode}: server {k}'s shard")
+            if record["version"] != _SYNC_STEPS or record["staleness"] != [(servers, 0)] * _SYNC_STEPS:
+                problems.append(f"{mode}: server {k} ends at version {record['version']} with staleness record "
+                                f"{record['staleness']}; expected version {_SYNC_STEPS}, [({servers}, 0)] x "
+                                f"{_SYNC_STEPS}")
+    assert_no_problems(problems, f"one worker, {servers} servers: one process's SGD, in both modes:")

@@ -46,10 +46,6 @@ CONTRACT = {
 IRRELEVANT = {
     "current_attempt: in a world": "reached through run_resumable, which the torchrun tests run in worlds of 2 "
         "(every attempt reads it afresh); the one-process case is tested directly",
-    "run_resumable: scaler not None": "deferred: the torchrun worker trains DDP + SGD without a scaler; resume() "
-        "restores a GradScaler (tested directly) and run_resumable hands it on",
-    "run_resumable: scheduler not None": "deferred: as for the scaler; resume() restores an LR scheduler (tested "
-        "directly)",
     "Fault.parse": "given code (no EXERCISE region): the fault-injection harness, not part of recovery",
     "FaultInjector.__init__": "given code (no EXERCISE region): the fault-injection harness", "FaultInjector.from_string": "given code (no EXERCISE region): the harness",
     "FaultInjector.allreduce_hook": "given code (no EXERCISE region): the harness", "FaultInjector.begin_step": "given code (no EXERCISE region): the harness",

@@ -142,28 +142,17 @@ CONTRACT = {
 BEFORE = {"topk_hook": _topk_before, "powersgd_hook": _ps_before}
 
 _BASE = "the hooks' base class: built through TopKState and PowerSGDState, read by the hooks themselves"
-_DEFERRED_BUCKETS = ("deferred: torch's own hook issues collectives from gloo's threads, safe with one bucket only "
-                     "(the bitwise comparison runs one bucket of float32 on 2 ranks); the top-k tests run 3 buckets "
-                     "on 2 and 3 ranks")
 IRRELEVANT = {
     "PowerSGDState.__init__: matrix_approximation_rank left to its default": SIGNATURE_DEFAULT + " (1)",
     "PowerSGDState.__init__: start_powerSGD_iter left to its default": SIGNATURE_DEFAULT + " (1000: no test runs "
         "that long; 2 and 3 are exercised)",
     "TopKState.__init__: ratio left to its default": SIGNATURE_DEFAULT + " (0.01)",
-    "PowerSGDState.__init__: process_group not None": "deferred: a DDP on a subgroup with compression needs a world "
-        "of its own; the hooks take the group from the state as torch's do",
-    "TopKState.__init__: process_group not None": "deferred: as for PowerSGDState",
     "TopKState.__init__: momentum without error feedback": "the docstring's a = g without error feedback: the velocity "
         "lives in the error-feedback memory, so this combination compresses the plain gradient; no mistake of its own",
     "PowerSGDState.reset_memory": "given code (no EXERCISE region): clears the dictionaries the hook fills",
     "TopKState.reset_memory": "given code (no EXERCISE region): clears the dictionaries the hook fills",
     "topk_hook: after reset_memory (memory rebuilt)": "the given memory() rebuilds what the given reset_memory() "
         "cleared; the hook reads memory() the same way on every compressed step",
-    "powersgd_hook: several buckets": _DEFERRED_BUCKETS,
-    "powersgd_hook: world > 2": _DEFERRED_BUCKETS,
-    "powersgd_hook: a non-float32 bucket": _DEFERRED_BUCKETS,
-    "topk_hook: a non-float32 bucket (bf16/fp16/fp64)": "deferred: a bf16 DDP model needs a world of its own; the "
-        "hook's buffers are made like the bucket's (zeros_like)",
     "allreduce_mean": "given code (no EXERCISE region): torch's allreduce_hook's rule, which the graded hooks call",
     "TopKState.decay_of": "given code (no EXERCISE region): reads the weight_decay setting", "TopKState.memory": "given code (no EXERCISE region): the hook's buffers",
     "sparsity_warmup": "given code (no EXERCISE region): the trainer's warm-up schedule (tested with the trainer)",

@@ -45,8 +45,6 @@ CONTRACT = {
 IRRELEVANT = {
     "StepTimer.stop: samples left to its default": SIGNATURE_DEFAULT + " (0)",
     "training_profiler: rank left to its default": SIGNATURE_DEFAULT + " (0)",
-    "training_profiler: repeat = 0 (until the end)": "deferred: torch.profiler's own schedule argument; a profiled "
-        "run long enough to show 'until the end' costs seconds",
     "MetricsWriter.__enter__": "given code (no EXERCISE region): the context manager around the graded write",
     "MetricsWriter.__exit__": "given code (no EXERCISE region): the context manager around the graded write",
     "MetricsWriter.__init__": "given code (no EXERCISE region): opens the file the graded write appends to",

@@ -98,12 +98,15 @@ def _net() -> nn.Module:
 
 
 def _local_run(mod, folder, total_steps: int, every: int = 2, term_at: int | None = None, seed: int = 11,
-               send: dict[int, int] | None = None, ran: list | None = None, **run_kwargs):
+               send: dict[int, int] | None = None, ran: list | None = None, schedule: dict | None = None,
+               **run_kwargs):
     """A fresh process's view: new model and optimizer, run_resumable on `folder`. Returns
     (outcome, steps train_step ran, parameters). term_at: SIGTERM to this process in the
     middle of that step (after the forward drew its dropout mask, before the update);
     send: {step: signal} the same for other signals. ran: the list the steps are appended
-    to (default a new one); run_kwargs go to run_resumable."""
+    to (default a new one); schedule: a dict, to train with an LR scheduler (StepLR) and a
+    GradScaler too, both given to run_resumable; the dict receives their state at the end.
+    run_kwargs go to run_resumable."""
     from solutions.phase4_production.checkpoint import CheckpointManager
 
     send = {**(send or {}), **({term_at: signal.SIGTERM} if term_at is not None else {})}
@@ -111,6 +114,11 @@ def _local_run(mod, folder, total_steps: int, every: int = 2, term_at: int | Non
     model = _net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     ran = [] if ran is None else ran
+    scheduler = scaler = None
+    if schedule is not None:
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4, growth_interval=2)  # its scale doubles every 2 steps
+        run_kwargs.update(scheduler=scheduler, scaler=scaler)
 
     def train_step(ctx) -> None:
         ran.append(ctx.step)
@@ -122,11 +130,20 @@ def _local_run(mod, folder, total_steps: int, every: int = 2, term_at: int | Non
             os.kill(os.getpid(), send[ctx.step])
         ctx.phase("backward")
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            scheduler.step()
 
     outcome = mod.run_resumable(train_step, model, optimizer, CheckpointManager(folder, keep=3),
                                 total_steps=total_steps, every=every, **run_kwargs)
+    if schedule is not None:
+        schedule.update(lr=optimizer.param_groups[0]["lr"], scheduler=scheduler.state_dict(),
+                        scaler=scaler.state_dict())
     return outcome, ran, {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
@@ -384,6 +401,31 @@ def test_4_2_extra_progress_and_on_resume(grade, tmp_path):
     assert_no_problems(problems, "extra_progress and on_resume (run_resumable, one process, a checkpoint every 2 "
                                  "steps, extra_progress() = {'data': {'samples_seen': 8 * steps done}, 'note': "
                                  "'extra'}):")
+
+
+def test_4_2_scheduler_and_scaler_resume_with_the_run(grade, tmp_path):
+    """run_resumable(scheduler=..., scaler=...): each checkpoint holds their state and a relaunch resumes it, so a
+    run stopped after 5 steps (StepLR halving the LR every 3 steps; a GradScaler doubling its scale every 2
+    steps, its growth counter half-way at step 5) and relaunched to 8 ends bitwise as one never stopped, with
+    the same learning rate, scale and growth counter."""
+    mod = grade("4.2").load()
+    straight: dict = {}
+    _, _, want = _local_run(mod, tmp_path / "straight", total_steps=8, schedule=straight)
+    first: dict = {}
+    _local_run(mod, tmp_path / "run", total_steps=5, schedule=first)  # checkpoints of steps 2, 4 and 5
+    resumed: dict = {}
+    outcome, ran, params = _local_run(mod, tmp_path / "run", total_steps=8, schedule=resumed)
+    problems = []
+    if (outcome.start_step, ran) != (5, [5, 6, 7]):
+        problems.append(f"relaunch to 8 steps (checkpoint of step 5 on disk): started at {outcome.start_step} and ran "
+                        f"{ran}, expected to start at 5 and run steps 5, 6, 7")
+    for what in ("lr", "scheduler", "scaler"):
+        if resumed.get(what) != straight.get(what):
+            problems.append(f"after the relaunch, the {what} state is {resumed.get(what)}; the run never stopped has "
+                            f"{straight.get(what)} (was the {what} given to resume and saved in each checkpoint?)")
+    problems += _param_problems(params, want, "after resuming at step 5 with an LR scheduler and a GradScaler")
+    assert_no_problems(problems, "run_resumable with scheduler= and scaler= (one process, a checkpoint every 2 steps "
+                                 "and after the last):")
 
 
 # ---------------------------------------------------------------- one world of 2 ranks

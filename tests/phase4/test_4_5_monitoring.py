@@ -622,9 +622,9 @@ def test_4_5_peak_rss_never_drops(grade):
 
 
 def test_4_5_profiler_writes_one_trace_per_cycle(grade, tmp_path):
-    """repeat=3 cycles of (warmup=1, active=1): three traces per rank, one per cycle, each
-    with its own recorded step; rank 1's profiler, writing to the same folder after rank
-    0's, leaves rank 0's three traces as they were."""
+    """Cycles of (warmup=1, active=1) over 8 steps: rank 0 with repeat=3 writes three traces, one per cycle, each
+    with its own recorded step; rank 1 with repeat=0 (until the end) four, the last cycle included; rank 1's
+    profiler, writing to the same folder after rank 0's, leaves rank 0's three traces as they were."""
     mod = grade("4.5").load()
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -636,9 +636,10 @@ def test_4_5_profiler_writes_one_trace_per_cycle(grade, tmp_path):
         return {f: (os.stat(f).st_ino, os.stat(f).st_size, os.stat(f).st_mtime_ns)
                 for f in glob.glob(str(folder / "**" / "*.json*"), recursive=True)}
 
-    for rank in (0, 1):
+    repeats = {0: 3, 1: 0}
+    for rank, repeat in repeats.items():
         before = traces()
-        with mod.training_profiler(folder, rank=rank, wait=0, warmup=1, active=1, repeat=3) as prof:
+        with mod.training_profiler(folder, rank=rank, wait=0, warmup=1, active=1, repeat=repeat) as prof:
             for _ in range(8):
                 _timed_cpu_step(timer, model, opt)
                 prof.step()
@@ -649,13 +650,15 @@ def test_4_5_profiler_writes_one_trace_per_cycle(grade, tmp_path):
             problems.append(f"rank {rank}'s profiler overwrote or removed {changed}, written before it (by rank "
                             f"{rank - 1}): each rank's traces need names of their own")
         steps = sorted(tuple(_profiler_steps(f)) for f in written[rank])
-        want = [("ProfilerStep#1",), ("ProfilerStep#3",), ("ProfilerStep#5",)]
+        want = [(f"ProfilerStep#{n}",) for n in (1, 3, 5, 7)][:repeat or None]
         if steps != want:
-            problems.append(f"rank {rank}: 8 steps with wait=0, warmup=1, active=1, repeat=3 left "
+            problems.append(f"rank {rank}: 8 steps with wait=0, warmup=1, active=1, repeat={repeat} left "
                             f"{len(written[rank])} new trace(s) {[os.path.relpath(f, folder) for f in written[rank]]} "
-                            f"recording the steps {steps}; expected 3 traces, one per cycle, recording {want} "
-                            "(each cycle its own file: a name that repeats overwrites the earlier cycles)")
-    assert_no_problems(problems, "training_profiler with repeat=3, for rank 0 and then rank 1 in the same folder:")
+                            f"recording the steps {steps}; expected {len(want)} traces, one per cycle, recording {want} "
+                            "(each cycle its own file: a name that repeats overwrites the earlier cycles"
+                            + ("; repeat=0 cycles until the end)" if not repeat else ")"))
+    assert_no_problems(problems, "training_profiler with repeat=3 for rank 0, then repeat=0 (until the end) for rank 1, "
+                                 "in the same folder:")
 
 
 def _profiler_steps(path: str) -> list[str]:

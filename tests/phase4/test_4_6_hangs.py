@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import copy
 import json
+import math
 import os
 import random
 import shutil
@@ -88,6 +89,13 @@ def _all_reduces(n: int, numel: int = 1024, group=None, dtype=torch.float32) -> 
     rank = dist.get_rank()
     return [(dist.all_reduce, (torch.full((numel,), float(rank + 1), dtype=dtype),), {"group": group})
             for _ in range(n)]
+
+
+def _flight_recorder() -> list[dict]:
+    """torch's own flight recorder on this rank (torch 2.14.1: gloo records into it too, 2000 entries by default,
+    TORCH_FR_BUFFER_SIZE), stack traces left out: its entries, oldest first."""
+    import pickle
+    return pickle.loads(torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False)).get("entries", [])
 
 
 def _hang_rank(ref: grading.ModuleRef, folder: str) -> dict:
@@ -174,8 +182,14 @@ def _hang_rank(ref: grading.ModuleRef, folder: str) -> dict:
                  (dist.all_reduce, (m,), {"op": dist.ReduceOp.MAX}),
                  (dist.reduce_scatter_tensor, (scattered, pieces), {})]
         return calls
+    before = max((e["record_id"] for e in _flight_recorder()), default=-1)
     out["healthy"] = _scenario(mod, folder, "healthy", healthy)
     out["healthy"]["values"] = {k: t.float().tolist() for k, t in healthy.tensors.items()}
+    names = {dist.group.WORLD.group_name: everyone, **({sub.group_name: [1, 2, 3]} if rank in (1, 2, 3) else {})}
+    out["healthy"]["torch_fr"] = [  # what torch recorded of the same calls, and each group's ranks
+        {"group": names.get(e["process_group"][0]), "seq": e["collective_seq_id"], "op": e["profiling_name"],
+         "input_sizes": e["input_sizes"], "input_dtypes": e["input_dtypes"], "output_sizes": e["output_sizes"]}
+        for e in _flight_recorder() if e["record_id"] > before and not e.get("is_p2p")]
     return out
 
 
@@ -365,6 +379,71 @@ def test_4_6_records_every_collective(grade):
     assert_no_problems(problems, "CollectiveRecorder's record of all_reduce, broadcast (src=3), an all_reduce on the "
                                  "subgroup [1, 2, 3], all_gather_into_tensor, barrier, all_reduce(MAX), "
                                  "reduce_scatter_tensor, each numbered per group:")
+
+
+# torch's flight recorder names dtypes by their c10 ScalarType (torch 2.14.1), the recorder as str(dtype) without "torch."
+_SCALAR_TYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
+                 "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool"}
+# What gloo records for a collective the recorder names by its Python function (torch 2.14.1, ProcessGroupGloo):
+# all_gather_into_tensor runs as gloo's all_gather (output [world, n]), reduce_scatter_tensor as an all_reduce of the
+# whole input (then a copy of this rank's part); the others under their own name.
+_GLOO_OPS = {"all_gather_into_tensor": "gloo:all_gather", "reduce_scatter_tensor": "gloo:all_reduce"}
+
+
+def test_4_6_record_agrees_with_torchs_flight_recorder(grade):
+    """Differential test against torch's own flight recorder (torch._C._distributed_c10d._dump_fr_trace, which gloo
+    fills too), read on every rank of the world of 4 right after the recorder's healthy calls: the recorder's
+    entries and torch's describe the same collectives, in the same order, each on the same group, numbered alike
+    per group (torch counts from its group's creation, 1-based: the steps must agree), under the op torch records
+    for it; where the recorder's first tensor is the collective's input (all_reduce, broadcast), the same shape
+    and dtype; all_gather_into_tensor's output the same number of elements and dtype; a barrier no tensor."""
+    results = _world(grade("4.6"), 4)
+    problems = []
+    for rank, per_rank in enumerate(results):
+        r = per_rank["healthy"]
+        if r["error"] is not None:
+            problems.append(f"rank {rank}: call {r['raised_at']} raised {r['error']['type']}: {r['error']['message'][:200]}")
+            continue
+        theirs, ours = r["torch_fr"], r["dump"].get("entries", [])
+        if not theirs:
+            pytest.skip("torch's flight recorder recorded nothing here (TORCH_FR_BUFFER_SIZE=0?): nothing to compare")
+        where = f"rank {rank}"
+        if len(ours) != len(theirs):
+            problems.append(f"{where}: the recorder holds {len(ours)} entries, torch's flight recorder recorded "
+                            f"{len(theirs)} collectives for the same calls: {[t['op'] for t in theirs]}")
+            continue
+        first_seq: dict = {}
+        for i, (mine, torch_entry) in enumerate(zip(ours, theirs)):
+            at = f"{where}, entry {i} ({mine.get('op')} #{mine.get('seq')} of group {mine.get('group')})"
+            group = torch_entry["group"]
+            if mine.get("group") != group:
+                problems.append(f"{at}: torch recorded this collective on group {group} (global ranks)")
+            start = first_seq.setdefault(str(group), (mine.get("seq"), torch_entry["seq"]))
+            if isinstance(mine.get("seq"), int) and mine["seq"] - start[0] != torch_entry["seq"] - start[1]:
+                problems.append(f"{at}: torch numbers it #{torch_entry['seq']} on its group, {torch_entry['seq'] - start[1]} "
+                                f"after the group's first collective here (#{start[1]}); the recorder "
+                                f"{mine['seq'] - start[0]} after its #{start[0]} (seq counts per group)")
+            op = _GLOO_OPS.get(mine.get("op"), f"gloo:{mine.get('op')}")
+            if torch_entry["op"] != op:
+                problems.append(f"{at}: torch recorded {torch_entry['op']} here, the recorder {mine.get('op')!r}")
+                continue
+            dtypes = [_SCALAR_TYPES.get(d, d) for d in torch_entry["input_dtypes"]]
+            if mine.get("op") == "barrier":
+                if (mine.get("shape"), mine.get("dtype")) != (None, None) or torch_entry["input_sizes"]:
+                    problems.append(f"{at}: shape {mine.get('shape')}, dtype {mine.get('dtype')}; torch's input sizes "
+                                    f"{torch_entry['input_sizes']} (a barrier has no tensor: None, None)")
+            elif mine.get("op") in ("all_reduce", "broadcast"):
+                if [mine.get("shape")] != torch_entry["input_sizes"] or [mine.get("dtype")] != dtypes:
+                    problems.append(f"{at}: shape {mine.get('shape')}, dtype {mine.get('dtype')}; torch recorded the "
+                                    f"input {torch_entry['input_sizes']}, {dtypes}")
+            elif mine.get("op") == "all_gather_into_tensor":
+                numel = [math.prod(size) for size in torch_entry["output_sizes"]]
+                if [math.prod(mine.get("shape") or [0])] != numel or [mine.get("dtype")] != dtypes:
+                    problems.append(f"{at}: shape {mine.get('shape')}, dtype {mine.get('dtype')}; torch recorded an "
+                                    f"output of {torch_entry['output_sizes']} ({numel} elements), {dtypes}")
+    assert_no_problems(problems, "the recorder's entries against torch's flight recorder for the same calls "
+                                 "(all_reduce, broadcast, an all_reduce on [1, 2, 3], all_gather_into_tensor, barrier, "
+                                 "all_reduce(MAX), reduce_scatter_tensor):")
 
 
 def test_4_6_ring_buffer_keeps_the_newest(grade):
