@@ -47,7 +47,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from solutions.phase4_production.checkpoint import CheckpointManager, atomic_save, load_verified  # noqa: E402
-from solutions.phase4_production.checkpoint_writer import BackgroundWriter  # noqa: E402
+from solutions.phase4_production.trainer.checkpoint_writer import BackgroundWriter  # noqa: E402
 from _util import OneLineParser, pyplot_or_none, save_outputs  # noqa: E402  (benchmarks/ is sys.path[0])
 
 BASELINE = "torch.save"

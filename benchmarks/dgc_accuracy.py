@@ -35,8 +35,8 @@ if str(REPO_ROOT) not in sys.path:  # run without installing; spawned ranks re-r
 import torch  # noqa: E402
 
 from common.launch import exit_on_user_error, run_world  # noqa: E402
-from solutions.phase4_production.config import parse_config  # noqa: E402
-from solutions.phase4_production.train import train  # noqa: E402
+from solutions.phase4_production.trainer.config import parse_config  # noqa: E402
+from solutions.phase4_production.trainer.loop import train  # noqa: E402
 from _util import OneLineParser, save_outputs  # noqa: E402  (benchmarks/ is sys.path[0])
 
 ARMS = {

@@ -21,7 +21,7 @@ alternating order (so that a shared machine's drift hits each alike), a DataLoad
 
 images/s per worker = images / seconds / workers, the main process only receiving batches:
 the workers' work, which is what the paths change. For the uint8 paths the device's share
-(float conversion, normalisation, erasing: train_loader.InputStage) runs where the model
+(float conversion, normalisation, erasing: trainer/device_stage.py: InputStage) runs where the model
 runs, on the GPU in training; it is timed apart, on this CPU, on the batches received (the
 "device stage" line: what it costs a CPU-only run's training process). The ratios are what
 the README quotes; absolute numbers depend on the machine.
@@ -104,9 +104,9 @@ def make_loader(name: str, root: Path, crop: int, batch: int, workers: int, batc
     from torchvision import datasets
 
     from common.data import IMAGENET_MEAN, IMAGENET_STD
-    from solutions.phase4_production.train_augment import imagenet
-    from solutions.phase4_production.train_data import SeededSamples, collate, worker_options
-    from solutions.phase4_production.train_loader import InputStage
+    from solutions.phase4_production.trainer.augment import imagenet
+    from solutions.phase4_production.trainer.data import SeededSamples, collate, worker_options
+    from solutions.phase4_production.trainer.device_stage import InputStage
 
     options = worker_options(workers)
     if name == "torchvision":

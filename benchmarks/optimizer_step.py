@@ -8,7 +8,7 @@ torchvision model's parameters, random gradients, then --steps optimizer steps a
 zero_grad(set_to_none=False), foreach and fused alternating round by round (so drift hits
 both alike), for SGD (nesterov momentum, the trainer's default) and AdamW. Times are CUDA
 events on a GPU (perf_counter on the CPU), medians over the rounds. The trainer uses the fused
-step on GPUs (train_step.make_optimizer); this is the measurement behind that choice.
+step on GPUs (trainer/step.py, make_optimizer); this is the measurement behind that choice.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ import torch  # noqa: E402
 
 from benchmarks._util import OneLineParser, save_outputs  # noqa: E402
 from common.models import build_model  # noqa: E402
-from solutions.phase4_production.config import TrainConfig  # noqa: E402
-from solutions.phase4_production.train_step import parameter_groups  # noqa: E402
+from solutions.phase4_production.trainer.config import OptimConfig  # noqa: E402
+from solutions.phase4_production.trainer.step import parameter_groups  # noqa: E402
 
 
-def _groups(cfg: TrainConfig, model: torch.nn.Module) -> list[dict]:
-    return [{"params": params, "weight_decay": decay} for _, decay, params in parameter_groups(cfg, model)]
+def _groups(optim: OptimConfig, model: torch.nn.Module) -> list[dict]:
+    return [{"params": params, "weight_decay": decay} for _, decay, params in parameter_groups(optim, model)]
 
 
 def time_steps(optimizer: torch.optim.Optimizer, steps: int, device: torch.device) -> float:
@@ -62,11 +62,11 @@ def main(argv: list[str] | None = None) -> None:
         model = model.to(memory_format=torch.channels_last)
     for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-3
-    cfg = TrainConfig()
+    optim = OptimConfig()  # the trainer's defaults
     results = {}
-    for name, make in {"sgd": lambda **kw: torch.optim.SGD(_groups(cfg, model), lr=0.1, momentum=0.9,
+    for name, make in {"sgd": lambda **kw: torch.optim.SGD(_groups(optim, model), lr=0.1, momentum=0.9,
                                                            nesterov=True, **kw),
-                       "adamw": lambda **kw: torch.optim.AdamW(_groups(replace(cfg, weight_decay=0.05), model),
+                       "adamw": lambda **kw: torch.optim.AdamW(_groups(replace(optim, weight_decay=0.05), model),
                                                                lr=1e-3, **kw)}.items():
         times: dict[str, list[float]] = {"foreach": [], "fused": []}
         optimizers = {"foreach": make(foreach=True), "fused": make(fused=True)}

@@ -41,7 +41,6 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -57,12 +56,13 @@ from common.distributed import current_device  # noqa: E402
 from common.launch import run_world  # noqa: E402
 from common.models import build_model  # noqa: E402
 from solutions.phase4_production.checkpoint import CheckpointManager, training_state  # noqa: E402
-from solutions.phase4_production.config import TrainConfig  # noqa: E402
-from solutions.phase4_production.train import autocast_dtype, default_nproc, lr_schedule  # noqa: E402
-from solutions.phase4_production.train import evaluate as trainer_evaluate  # noqa: E402
-from solutions.phase4_production.train import make_optimizer, train  # noqa: E402
-from solutions.phase4_production.train_data import build_datasets, eval_loader, input_stats  # noqa: E402
-from solutions.phase4_production.train_loader import DeviceBatches, InputStage  # noqa: E402
+from solutions.phase4_production.trainer.cli import default_nproc  # noqa: E402
+from solutions.phase4_production.trainer.config import TrainConfig  # noqa: E402
+from solutions.phase4_production.trainer.data import build_datasets, eval_loader, input_stats  # noqa: E402
+from solutions.phase4_production.trainer.device_stage import DeviceBatches, InputStage  # noqa: E402
+from solutions.phase4_production.trainer.evaluator import evaluate as trainer_evaluate  # noqa: E402
+from solutions.phase4_production.trainer.loop import train  # noqa: E402
+from solutions.phase4_production.trainer.step import autocast_dtype, lr_schedule, make_optimizer  # noqa: E402
 
 CASES = {
     "digits": dict(dataset="digits"),
@@ -89,25 +89,26 @@ def bare_ddp(cfg: TrainConfig, steps: int, warmup: int, save_folder: str, ddp: b
     Returns rank 0's wall time at the end of steps warmup..steps ("ends") and the seconds of
     one save of the trainer's full checkpoint ("save_s")."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    train_set, test_set, shape, classes = build_datasets(cfg.dataset, cfg.data_root, cfg.image_size, cfg.synthetic_size)
-    per_rank = cfg.global_batch // world
-    sampler = DistributedSampler(train_set, world, rank, shuffle=True, seed=cfg.seed, drop_last=True)
-    loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler, drop_last=True, num_workers=cfg.workers,
-                        pin_memory=torch.cuda.is_available(), persistent_workers=cfg.workers > 0)
+    train_set, test_set, shape, classes = build_datasets(cfg.data.dataset, cfg.data.data_root, cfg.data.image_size,
+                                                         cfg.data.synthetic_size)
+    per_rank = cfg.data.global_batch // world
+    sampler = DistributedSampler(train_set, world, rank, shuffle=True, seed=cfg.run.seed, drop_last=True)
+    loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler, drop_last=True, num_workers=cfg.data.workers,
+                        pin_memory=torch.cuda.is_available(), persistent_workers=cfg.data.workers > 0)
     device = current_device()
     torch.backends.cudnn.benchmark = True  # as the trainer (and torchvision's reference) sets it
-    dtype = autocast_dtype(cfg.amp, device)
+    dtype = autocast_dtype(cfg.optim.amp, device)
     channels_last = torch.channels_last if device.type == "cuda" else torch.preserve_format
-    model = build_model(cfg.model, shape, classes, seed=cfg.seed).to(device, memory_format=channels_last)
+    model = build_model(cfg.model.name, shape, classes, seed=cfg.run.seed).to(device, memory_format=channels_last)
     net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if ddp else model
-    net = torch.compile(net) if cfg.compile else net
+    net = torch.compile(net) if cfg.model.compile else net
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    optimizer = make_optimizer(cfg, model)
-    steps_per_epoch = len(train_set) // cfg.global_batch
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(steps_per_epoch, cfg.epochs,
-                                                                         cfg.warmup_epochs))
-    tests = eval_loader(test_set, rank, world, per_rank, cfg.workers, torch.cuda.is_available())
-    stats = input_stats(cfg.dataset, cfg.image_size)
+    optimizer = make_optimizer(cfg.optim, model, cfg.data.global_batch)
+    steps_per_epoch = len(train_set) // cfg.data.global_batch
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(steps_per_epoch, cfg.optim.epochs,
+                                                                         cfg.optim.warmup_epochs))
+    tests = eval_loader(test_set, rank, world, per_rank, cfg.data.workers, torch.cuda.is_available())
+    stats = input_stats(cfg.data.dataset, cfg.data.image_size)
     mean, std = ((torch.tensor(v, device=device).view(1, -1, 1, 1) for v in stats) if stats else (0.0, 1.0))
     loss_fn = nn.CrossEntropyLoss()
     step, epoch, ends = 0, 0, []
@@ -130,7 +131,7 @@ def bare_ddp(cfg: TrainConfig, steps: int, warmup: int, save_folder: str, ddp: b
                 evaluate(model, tests, device, dtype, stats)
                 if rank == 0:
                     checkpoint = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                  "lr_scheduler": scheduler.state_dict(), "epoch": epoch, "args": vars(cfg)}
+                                  "lr_scheduler": scheduler.state_dict(), "epoch": epoch, "args": cfg.flat()}
                     torch.save(checkpoint, f"{save_folder}.model_{epoch}.pth")
                     torch.save(checkpoint, f"{save_folder}.checkpoint.pth")
             if step >= warmup:
@@ -159,11 +160,11 @@ def trainer_run(cfg: TrainConfig, warmup: int) -> dict:
     if dist.get_rank() != 0:
         return {}
     times = {}
-    for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines():
+    for line in (Path(cfg.run.output_dir) / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
         if record.get("event") == "train":
             times[record["step"]] = record["time"]
-    return {"ends": [times[s] for s in range(warmup, cfg.max_steps + 1)]}
+    return {"ends": [times[s] for s in range(warmup, cfg.run.max_steps + 1)]}
 
 
 def _rank(cases: list[str], steps: int, warmup: int, repeats: int, compiled: bool) -> dict:
@@ -175,9 +176,9 @@ def _rank(cases: list[str], steps: int, warmup: int, repeats: int, compiled: boo
             with tempfile.TemporaryDirectory() as tmp:
                 out = [tmp]
                 dist.broadcast_object_list(out)  # one folder for the world: rank 0 writes, all read
-                cfg = replace(TrainConfig(), **CASES[case], output_dir=f"{out[0]}/run", max_steps=steps,
-                              log_every=1, checkpoint_every=10**9, progress=False, tensorboard=False,
-                              compile=compiled)
+                cfg = TrainConfig.from_flat(dict(**CASES[case], output_dir=f"{out[0]}/run", max_steps=steps,
+                                                 log_every=1, checkpoint_every=10**9, progress=False,
+                                                 tensorboard=False, compile=compiled))
                 loops = {"bare": lambda: bare_ddp(cfg, steps, warmup, f"{out[0]}/bare"),
                          "trainer": lambda: trainer_run(cfg, warmup)}
                 if plain:

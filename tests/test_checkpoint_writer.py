@@ -1,4 +1,4 @@
-"""The trainer's background checkpoint writer (solutions/phase4_production/checkpoint_writer.py).
+"""The trainer's background checkpoint writer (solutions/phase4_production/trainer/checkpoint_writer.py).
 
 In one process, no world: what a background write must keep from 4.1 (a file only once
 complete, the state as it was at submit), and what it adds (errors raised at the next call,
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from solutions.phase4_production.checkpoint import CheckpointManager, load_verified
-from solutions.phase4_production.checkpoint_writer import BackgroundWriter, cpu_snapshot
+from solutions.phase4_production.trainer.checkpoint_writer import BackgroundWriter, cpu_snapshot
 from solutions.phase4_production.recovery import Fault, FaultInjector
 
 

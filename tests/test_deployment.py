@@ -2,7 +2,7 @@
 
 Each file's command line is cut into its torchrun part, parsed by torchrun's own parser (with the
 PET_* variables the Kubernetes operators set), and the trainer's part, parsed by the trainer's
-(solutions.phase4_production.config). From each launch the tests derive what the cluster will do
+(solutions.phase4_production.trainer.config). From each launch the tests derive what the cluster will do
 with it: every world size it can reach (each must split the recipe's global batch), the time
 between the stop signal and SIGKILL (torchrun's --shutdown-timeout must end inside it), the
 environment of the ranks (NCCL watchdog and flight recorder; every name must be one torch reads)
@@ -29,7 +29,7 @@ from unittest import mock
 import pytest
 import yaml
 
-from solutions.phase4_production.config import TrainConfig, parse_config
+from solutions.phase4_production.trainer.config import TrainConfig, parse_config
 from solutions.phase4_production.elastic import plan_batches
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -269,7 +269,7 @@ def test_every_world_size_a_file_can_reach_splits_its_global_batch(name):
     refused = []
     for world in launch.world_sizes:
         try:
-            plan_batches(cfg.global_batch, world, cfg.micro_batch or cfg.global_batch)
+            plan_batches(cfg.data.global_batch, world, cfg.data.micro_batch or cfg.data.global_batch)
         except ValueError as exc:
             refused.append(f"{world} ranks: {exc}")
     assert not refused, (f"{name} can run on {list(launch.node_counts)} nodes x {launch.nproc} ranks, but the "
@@ -301,7 +301,7 @@ def test_the_nccl_watchdog_and_flight_recorder_are_set(name):
     assert not wrong, f"{name}: expected {NCCL_FLAGS}, got {wrong}"
     for key in NCCL_COUNTS:
         assert str(env.get(key, "")).isdigit() and int(env[key]) > 0, f"{name}: {key}={env.get(key)}"
-    output_dir = launch.config.output_dir.rstrip("/")
+    output_dir = launch.config.run.output_dir.rstrip("/")
     assert str(env.get(FR_DUMP_FILE, "")).startswith(output_dir + "/"), (
         f"{name}: {FR_DUMP_FILE}={env.get(FR_DUMP_FILE)} should put the traces in the output folder {output_dir}")
 
@@ -335,9 +335,9 @@ def test_torch_reads_every_variable_the_launch_files_set():
 @pytest.mark.parametrize("name", CLUSTER_LAUNCHES)
 def test_each_node_reserves_a_cpu_per_rank_and_per_loader_worker(name):
     launch = LAUNCHES[name]()
-    need = launch.nproc * (launch.config.workers + 1)
+    need = launch.nproc * (launch.config.data.workers + 1)
     assert launch.cpus_per_node is not None and launch.cpus_per_node >= need, (
-        f"{name}: {launch.nproc} ranks x ({launch.config.workers} loader workers + 1) need {need} CPUs per node, "
+        f"{name}: {launch.nproc} ranks x ({launch.config.data.workers} loader workers + 1) need {need} CPUs per node, "
         f"it reserves {launch.cpus_per_node}")
 
 

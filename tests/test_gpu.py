@@ -145,7 +145,7 @@ def test_step_timer_and_the_deferred_timer_use_cuda_events():
     """4.5's StepTimer on CUDA (events, one synchronisation in stop()) and the trainer's
     DeferredTimer (none until collect()) both give device time: positive, parts summing up."""
     from solutions.phase4_production.monitoring import StepTimer
-    from solutions.phase4_production.train_sync import DeferredTimer
+    from solutions.phase4_production.trainer.sync import DeferredTimer
 
     x = torch.randn(2048, 2048, device="cuda")
     for timer in (StepTimer("cuda"), DeferredTimer("cuda")):
@@ -166,9 +166,9 @@ def test_device_batches_prefetch_on_a_side_stream_and_decode_on_the_gpu(tmp_path
     from test_trainer_pipeline import _folder
 
     from common.data import IMAGENET_MEAN, IMAGENET_STD
-    from solutions.phase4_production.train_augment import imagenet
-    from solutions.phase4_production.train_data import SeededSamples, collate
-    from solutions.phase4_production.train_loader import DeviceBatches, DeviceDecode, InputStage
+    from solutions.phase4_production.trainer.augment import imagenet
+    from solutions.phase4_production.trainer.data import SeededSamples, collate
+    from solutions.phase4_production.trainer.device_stage import DeviceBatches, DeviceDecode, InputStage
 
     stats = (IMAGENET_MEAN, IMAGENET_STD)
     data = [(torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8).pin_memory(), torch.arange(4))

@@ -1,4 +1,4 @@
-"""The trainer's sharded checkpoints (solutions/phase4_production/sharded_checkpoint.py) on
+"""The trainer's sharded checkpoints (solutions/phase4_production/trainer/sharded_checkpoint.py) on
 FSDP2 models, gloo on CPU: each rank writes about 1/N of the bytes, a folder is trusted only
 once committed, a corrupt one is set aside, a checkpoint of 2 ranks resumes on 1 and 3."""
 
@@ -22,7 +22,7 @@ class _Encoder(nn.Module):
     def __init__(self):
         super().__init__()
         self.layers = nn.Sequential(*[nn.Sequential(nn.Linear(HIDDEN, HIDDEN), nn.LayerNorm(HIDDEN), nn.ReLU())
-                                      for _ in range(4)])  # where train_parallel.fsdp_units finds a ViT's blocks
+                                      for _ in range(4)])  # where trainer.parallel.fsdp_units finds a ViT's blocks
 
     def forward(self, x):
         return self.layers(x)
@@ -45,7 +45,7 @@ def _model() -> nn.Module:
 
 
 def _setup(kind: str = "fsdp"):
-    from solutions.phase4_production.train_parallel import wrap_model
+    from solutions.phase4_production.trainer.parallel import wrap_model
 
     model = _model()
     parallel = wrap_model(model, kind, torch.device("cpu"))
@@ -67,7 +67,7 @@ def _train(parallel, optimizer, scheduler, steps: int, seed: int) -> None:
 def _save_then(folder: str, steps_before: int, steps_after: int) -> dict:
     """Train, save at `steps_before`, train on; return the full weights at both points and what
     each rank wrote."""
-    from solutions.phase4_production.sharded_checkpoint import ShardedCheckpoints
+    from solutions.phase4_production.trainer.sharded_checkpoint import ShardedCheckpoints
 
     parallel, optimizer, scheduler = _setup()
     _train(parallel, optimizer, scheduler, steps_before, seed=1)
@@ -82,7 +82,7 @@ def _save_then(folder: str, steps_before: int, steps_after: int) -> dict:
 
 
 def _resume(folder: str, steps_after: int) -> dict:
-    from solutions.phase4_production.sharded_checkpoint import ShardedCheckpoints
+    from solutions.phase4_production.trainer.sharded_checkpoint import ShardedCheckpoints
 
     parallel, optimizer, scheduler = _setup()
     torch.manual_seed(99)  # anything: the checkpoint's RNG must replace it
@@ -139,7 +139,7 @@ def test_a_sharded_checkpoint_of_2_ranks_resumes_on_1_and_3(saved, world):
 def _save_killed(folder: str, rank: int) -> None:
     """`rank` dies as the save of step 2 begins writing."""
     from solutions.phase4_production.recovery import FaultInjector
-    from solutions.phase4_production.sharded_checkpoint import ShardedCheckpoints
+    from solutions.phase4_production.trainer.sharded_checkpoint import ShardedCheckpoints
 
     parallel, optimizer, scheduler = _setup()
     store = ShardedCheckpoints(folder, keep=2)
@@ -150,7 +150,7 @@ def _save_killed(folder: str, rank: int) -> None:
 
 
 def _resume_step(folder: str) -> int | None:
-    from solutions.phase4_production.sharded_checkpoint import ShardedCheckpoints
+    from solutions.phase4_production.trainer.sharded_checkpoint import ShardedCheckpoints
 
     parallel, optimizer, scheduler = _setup()
     progress = ShardedCheckpoints(folder).load_latest(parallel.module, optimizer, scheduler)

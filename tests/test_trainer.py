@@ -19,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -28,8 +27,9 @@ import torch
 from common.launch import run_world
 from common.torchrun import Torchrun, TorchrunError, free_port, multi_node_args, run_agent
 from solutions.phase4_production.checkpoint import load_verified
-from solutions.phase4_production.config import RECIPES, TrainConfig, build_parser, load_recipe, parse_config
-from solutions.phase4_production.train_data import SeededSamples
+from solutions.phase4_production.trainer.config import FLAGS as OPTIONS
+from solutions.phase4_production.trainer.config import RECIPES, TrainConfig, build_parser, load_recipe, parse_config
+from solutions.phase4_production.trainer.data import SeededSamples
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULE = "solutions.phase4_production.train"
@@ -161,6 +161,40 @@ def test_a_rank_stuck_before_a_collective_ends_the_attempt_and_the_job_resumes(b
     assert fingerprint_of(output) == reference(base)
 
 
+def _a_stop_flag_nobody_answers() -> str | None:
+    """Rank 1 skips the stop agreement of step 8 (it waits in a barrier of another group);
+    rank 0's all-reduce, issued through the flight record (4.6's recorder), runs out after
+    2 s. Returns rank 0's CollectiveTimeout line."""
+    import torch.distributed as dist
+
+    from solutions.phase4_production.hangs import CollectiveTimeout
+    from solutions.phase4_production.trainer.flight import FlightRecord
+    from solutions.phase4_production.trainer.sync import StopAgreement
+
+    class Preemption:
+        requested = False
+
+    flight = FlightRecord(2.0)
+    agreement, other = StopAgreement(Preemption(), flight), dist.new_group(backend="gloo")
+    flight.step = 6
+    agreement.should_stop(7)  # both ranks: collective #0
+    line = None
+    if dist.get_rank() == 0:
+        with pytest.raises(CollectiveTimeout) as caught:
+            agreement.should_stop(8)
+        line = str(caught.value)
+    dist.barrier(group=other)
+    return line
+
+
+def test_a_collective_that_runs_out_is_named_from_the_flight_record():
+    """The trainer names a timeout from its flight record (flight.py), not from the error's
+    text: the step, the entry (who waited), and the collective as 4.6's recorder numbered it."""
+    line = run_world(_a_stop_flag_nobody_answers, 2, timeout=120)[0]
+    assert line.startswith("step 7: the stop-flag all-reduce (StopAgreement, on a gloo group), collective #1 "
+                           "(all_reduce int32[1]) of group [0, 1], waited more than 2 s"), line
+
+
 def test_a_full_disk_is_one_line_naming_the_folder_and_keeps_the_last_checkpoint(tmp_path):
     proc = launch(tmp_path, faults="rank=0,step=5,phase=save,action=enospc")  # the save of step 6 fails
     proc.stderr = "\n".join(line for line in proc.stderr.splitlines() if not line.startswith("[fault injector]"))
@@ -174,7 +208,7 @@ def test_why_a_write_failed_is_read_from_the_errno_or_the_folder(tmp_path, monke
     itself then says why."""
     import errno as errnos
 
-    from solutions.phase4_production.run_folder import why_unwritable
+    from solutions.phase4_production.trainer.run_folder import why_unwritable
 
     assert why_unwritable(tmp_path, OSError(errnos.EROFS, "x")) == "the file system is read-only"
     assert why_unwritable(tmp_path, RuntimeError("boom")) is None  # a healthy folder: not a disk problem
@@ -196,7 +230,7 @@ def test_an_error_no_restart_can_fix_is_printed_once_under_torchrun(tmp_path):
 
 
 def _report_at_once(barrier, said, line: str) -> None:
-    from solutions.phase4_production.lifecycle import report_fatal
+    from solutions.phase4_production.trainer.lifecycle import report_fatal
     sys.stderr = io.StringIO()
     barrier.wait()
     report_fatal(line)
@@ -486,16 +520,17 @@ def _fp16_steps_around_an_overflow() -> list[bool]:
     from solutions.phase4_production.elastic import plan_batches
     from solutions.phase4_production.monitoring import StepTimer
     from solutions.phase4_production.recovery import FaultInjector
-    from solutions.phase4_production.train import StepParts, train_step
-    from solutions.phase4_production.train_parallel import Parallel
+    from solutions.phase4_production.trainer.parallel import DDPStrategy
+    from solutions.phase4_production.trainer.step import StepParts, train_step
 
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 4)
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    strategy = DDPStrategy(torch.device("cpu")).wrap(model, comm_hook=True)  # DDP on one rank: it holds the hook
+    ddp = strategy.net
     state = TopKState(ratio=0.5, start_iter=2)
     ddp.register_comm_hook(state, topk_hook)
     scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
-    parts = StepParts(ddp, Parallel("ddp", ddp, model), plan_batches(4, 1, 4), 0, torch.nn.CrossEntropyLoss(),
+    parts = StepParts(ddp, strategy, plan_batches(4, 1, 4), 0, torch.nn.CrossEntropyLoss(),
                       torch.optim.SGD(model.parameters(), lr=0.1), scaler, torch.float16, torch.device("cpu"),
                       compression=state)
     batch = (torch.randn(4, 8), torch.arange(4))
@@ -535,14 +570,14 @@ def test_topk_warmup_lowers_the_fraction_sent_exponentially_from_the_compression
     """DGC's sparsity warm-up as the trainer sets it: a function of the run's step (so a
     resumed run continues it), 0.25 at --compression-start, --topk-ratio after --topk-warmup steps."""
     from solutions.phase4_production.compression import TopKState
-    from solutions.phase4_production.train_comm import set_sparsity
+    from solutions.phase4_production.trainer.comm import set_sparsity
 
     cfg = parse_config(["--compression", "dgc", "--topk-ratio", "0.01", "--topk-warmup", "10",
                         "--compression-start", "10"], check_paths=False)
     state = TopKState(ratio=0.01)
     seen = []
     for step in (10, 15, 19, 20, 40):
-        set_sparsity(state, cfg, step)
+        set_sparsity(state, cfg.parallel, step)
         seen.append(state.ratio)
     expected = [0.25, 0.05, 0.25 * (0.01 / 0.25) ** 0.9, 0.01, 0.01]
     assert seen == pytest.approx(expected), f"fraction sent at steps 10, 15, 19, 20, 40: {seen}, expected {expected}"
@@ -612,7 +647,7 @@ def _one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
     (["--compression", "dgc", "--grad-clip", "1"], ["--grad-clip", "--compression dgc"]),
 ])
 def test_trainer_rejects_bad_flags_in_one_line(capsys, monkeypatch, flags, needles):
-    from solutions.phase4_production.train import main
+    from solutions.phase4_production.trainer.cli import main
 
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     with pytest.raises(SystemExit) as exit_:
@@ -669,7 +704,7 @@ def test_every_option_refuses_a_bad_value_in_one_line(tmp_path, capsys):
 
 
 def test_device_refuses_fewer_gpus_than_local_ranks(monkeypatch):
-    from solutions.phase4_production.train import choose_training_device
+    from solutions.phase4_production.trainer.cli import choose_training_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -821,7 +856,7 @@ def test_benchmark_loader_runs_only_the_input_pipeline(tmp_path):
     (["--benchmark-loader", "3", "--evaluate"], ["--evaluate", "--benchmark-loader"]),
 ])
 def test_input_options_that_cannot_apply_are_refused_in_one_line(capsys, monkeypatch, tmp_path, flags, needles):
-    from solutions.phase4_production.train import main
+    from solutions.phase4_production.trainer.cli import main
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_:
@@ -890,8 +925,8 @@ def test_seeded_samples_depend_on_seed_epoch_and_index_only(monkeypatch):
 
 def test_help_lists_every_option_with_its_default():
     text = build_parser().format_help()
-    for f in fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
+    for name, (_, f) in OPTIONS.items():
+        flag = "--" + name.replace("_", "-")
         assert flag in text, f"--help does not list {flag}"
         assert f"(default: {f.default})" in " ".join(text.split()), f"--help does not give the default of {flag}"
 
@@ -900,9 +935,91 @@ def test_every_shipped_recipe_loads_and_flags_override_it():
     recipes = sorted(RECIPES.glob("*.toml"))
     assert len(recipes) >= 5, recipes
     for recipe in recipes:
-        TrainConfig(**load_recipe(recipe)).validate()
+        TrainConfig.from_flat(load_recipe(recipe)).validate()
     config = parse_config(["--config", "imagenet_resnet50_8gpu.toml", "--epochs", "2", "--data-root", "/x"],
                           check_paths=False)
-    assert (config.epochs, config.data_root, config.model, config.global_batch) == (2, "/x", "resnet50", 1024)
-    assert parse_config([]) == TrainConfig(**load_recipe("digits_cpu.toml")), \
+    assert (config.optim.epochs, config.data.data_root, config.model.name, config.data.global_batch) == \
+        (2, "/x", "resnet50", 1024)
+    assert parse_config([]) == TrainConfig.from_flat(load_recipe("digits_cpu.toml")), \
         "digits_cpu.toml documents the defaults: keep them equal"
+
+
+def test_a_recipe_takes_sections_and_flat_keys_alike(tmp_path):
+    """A [section] table of fields, the flat keys of earlier recipes, or both: the same config;
+    a key in the wrong table, or one option set twice, is one line."""
+    sections = tmp_path / "sections.toml"
+    sections.write_text('[model]\nname = "cnn"\n\n[optim]\nlr = 0.05\nepochs = 2\n\n[parallel]\nlayout = "fsdp"\n')
+    flat = tmp_path / "flat.toml"
+    flat.write_text('model = "cnn"\nlr = 0.05\nepochs = 2\nparallel = "fsdp"\n')
+    mixed = tmp_path / "mixed.toml"
+    mixed.write_text('model = "cnn"\nparallel = "fsdp"\n\n[optim]\nlr = 0.05\nepochs = 2\n')
+    configs = [parse_config(["--config", str(p)], check_paths=False) for p in (sections, flat, mixed)]
+    assert configs[0] == configs[1] == configs[2], configs
+    assert (configs[0].model.name, configs[0].optim.lr, configs[0].parallel.layout) == ("cnn", 0.05, "fsdp")
+    assert configs[0].flat()["model"] == "cnn" and configs[0].by_section()["optim"]["lr"] == 0.05
+    for text, needle in (('[data]\nlr = 0.1\n', "belongs in [optim]"),
+                         ('lr = 0.1\n[optim]\nlr = 0.2\n', "set already")):
+        bad = tmp_path / "bad.toml"
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=re.escape(needle)):
+            load_recipe(bad)
+
+
+def _trainer_imports() -> dict[str, set[str]]:
+    """{module: the trainer modules it imports} over solutions/phase4_production/trainer and
+    train.py, imports inside functions included."""
+    import ast
+
+    package = ROOT / "solutions" / "phase4_production"
+    files = {f"solutions.phase4_production.trainer.{p.stem}": p for p in (package / "trainer").glob("*.py")}
+    files["solutions.phase4_production.train"] = package / "train.py"
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                edges |= {m for m in (node.module, *(f"{node.module}.{a.name}" for a in node.names)) if m in files}
+            elif isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names if a.name in files}
+        graph[name] = edges - {name}
+    return graph
+
+
+def test_no_trainer_module_imports_one_that_imports_it_back():
+    """The trainer's modules import one way (cli -> loop -> modes -> build -> components ->
+    exercises): a cycle, even one hidden in a function's import, is named with its path."""
+    graph = _trainer_imports()
+    assert len(graph) > 10 and graph["solutions.phase4_production.train"] == {"solutions.phase4_production.trainer.cli"}
+    state: dict[str, str] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for imported in sorted(graph[module]):
+            if state.get(imported) == "open":
+                cycle = path[path.index(imported):] + [imported]
+                pytest.fail("import cycle: " + " -> ".join(m.rsplit(".", 1)[-1] for m in cycle))
+            if imported not in state:
+                visit(imported, path + [imported])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_the_layouts_name_is_read_only_where_the_strategy_is_chosen():
+    """No comparison with "ddp" or "fsdp" in the trainer: the layout is a strategy
+    (parallel.STRATEGIES), chosen once by its name."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "solutions" / "phase4_production" / "trainer").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+                names = [o.value for o in operands if isinstance(o, ast.Constant) and o.value in ("ddp", "fsdp")]
+                names += [e.value for o in operands if isinstance(o, (ast.Tuple, ast.List, ast.Set))
+                          for e in o.elts if isinstance(e, ast.Constant) and e.value in ("ddp", "fsdp")]
+                if names:
+                    found.append(f"{path.name}:{node.lineno} compares with {names}")
+    assert not found, found

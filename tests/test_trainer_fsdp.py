@@ -139,7 +139,7 @@ def test_export_writes_the_sharded_weights_as_one_state_dict_that_starts_a_ddp_r
     (["--export", "x.pt", "--evaluate"], ["--export", "--evaluate"]),
 ])
 def test_fsdp_options_that_cannot_apply_are_refused_in_one_line(capsys, monkeypatch, flags, needles):
-    from solutions.phase4_production.train import main
+    from solutions.phase4_production.trainer.cli import main
 
     with pytest.raises(SystemExit) as exit_:
         main(flags)

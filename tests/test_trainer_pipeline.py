@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from common.launch import run_world
-from solutions.phase4_production.config import parse_config
+from solutions.phase4_production.trainer.config import parse_config
 from solutions.phase4_production.elastic import ElasticSampler
-from solutions.phase4_production.train_augment import erase_box
-from solutions.phase4_production.train_data import RankBatches, SeededSamples, repeated_batch, sample_seed
-from solutions.phase4_production.train_loader import BatchMixing, DeviceBatches, InputStage, erase
+from solutions.phase4_production.trainer.augment import erase_box
+from solutions.phase4_production.trainer.data import RankBatches, SeededSamples, repeated_batch, sample_seed
+from solutions.phase4_production.trainer.device_stage import BatchMixing, DeviceBatches, InputStage, erase
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -182,7 +182,7 @@ def test_decode_pil_is_the_earlier_pipeline_bit_for_bit_and_tensor_the_same_crop
     (common.data.image_folder: PIL crop, flip, ToTensor, Normalize) exactly, sample by sample;
     --decode tensor draws the same crops and flips (its resampling differs in rounding)."""
     from common.data import IMAGENET_MEAN, IMAGENET_STD, image_folder
-    from solutions.phase4_production.train_augment import imagenet
+    from solutions.phase4_production.trainer.augment import imagenet
 
     root = _folder(tmp_path)
     old = SeededSamples(image_folder(root, "train", image_size=32, augment=True), seed=1)
@@ -207,9 +207,9 @@ def test_gpu_decode_path_on_the_cpu_crops_what_the_worker_drew(tmp_path):
     a wedged queue into an error, not a hang)."""
     from torch.utils.data import DataLoader
 
-    from solutions.phase4_production.train_augment import imagenet
-    from solutions.phase4_production.train_data import collate
-    from solutions.phase4_production.train_loader import DeviceDecode
+    from solutions.phase4_production.trainer.augment import imagenet
+    from solutions.phase4_production.trainer.data import collate
+    from solutions.phase4_production.trainer.device_stage import DeviceDecode
 
     root = _folder(tmp_path)
     files = SeededSamples(imagenet(str(root), True, 32, 36, "cuda"), seed=2)
@@ -230,25 +230,27 @@ def test_gpu_decode_path_on_the_cpu_crops_what_the_worker_drew(tmp_path):
 @pytest.mark.parametrize("name", ["cnn", "resnet18", "vit_b_16"])
 def test_weight_decay_groups_default_to_the_old_rule_and_take_the_embeddings_apart(name):
     from common.models import build_model
-    from solutions.phase4_production.train_step import make_optimizer, parameter_groups
+    from solutions.phase4_production.trainer.step import make_optimizer, parameter_groups
 
     shape = (3, 32, 32) if name != "cnn" else (1, 8, 8)
     model = build_model(name, shape, 10)
     cfg = parse_config(["--weight-decay", "0.1"], check_paths=False)
-    decay = {id(p): g["weight_decay"] for g in make_optimizer(cfg, model).param_groups for p in g["params"]}
+    decay = {id(p): g["weight_decay"] for g in make_optimizer(cfg.optim, model, cfg.data.global_batch).param_groups
+             for p in g["params"]}
     assert decay == {id(p): 0.1 if p.ndim > 1 else 0.0 for p in model.parameters()}, \
         "the default groups must decay exactly the parameters of more than one dimension"
     cfg = parse_config(["--weight-decay", "0.3", "--norm-weight-decay", "0.01", "--bias-weight-decay", "0.02",
                         "--transformer-embedding-decay", "0"], check_paths=False)
     names = {id(p): n for n, p in model.named_parameters()}
-    groups = {g: {names[id(p)] for p in params} for g, _, params in parameter_groups(cfg, model)}
+    groups = {g: {names[id(p)] for p in params} for g, _, params in parameter_groups(cfg.optim, model)}
     if name == "vit_b_16":
         assert groups["embeddings"] == {"class_token", "encoder.pos_embedding"}
         assert "encoder.layers.encoder_layer_0.ln_1.bias" in groups["norms"]
         assert "encoder.layers.encoder_layer_0.self_attention.in_proj_bias" in groups["biases"]
     else:
         assert "embeddings" not in groups
-    decay = {names[id(p)]: g["weight_decay"] for g in make_optimizer(cfg, model).param_groups for p in g["params"]}
+    decay = {names[id(p)]: g["weight_decay"] for g in make_optimizer(cfg.optim, model, cfg.data.global_batch).param_groups
+             for p in g["params"]}
     assert {decay[n] for n in groups["norms"]} == {0.01} and {decay[n] for n in groups["weights"]} == {0.3}
 
 
@@ -256,11 +258,12 @@ def test_ema_is_averaged_model_with_torchvisions_decay_and_warmup():
     """Against torch's own AveragedModel(get_ema_multi_avg_fn) fed the same weights."""
     from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-    from solutions.phase4_production.train_ema import WeightsEMA, ema_decay
+    from solutions.phase4_production.trainer.ema import WeightsEMA, ema_decay
 
     cfg = parse_config(["--model-ema", "--model-ema-steps", "4", "--epochs", "600", "--global-batch", "1024",
                         "--warmup-epochs", "1"], check_paths=False)
-    assert ema_decay(cfg) == pytest.approx(1 - 2e-5 * 1024 * 4 / 600), "torchvision's adjustment"
+    assert ema_decay(cfg.model.model_ema_decay, cfg.data.global_batch, cfg.model.model_ema_steps, cfg.optim.epochs) \
+        == pytest.approx(1 - 2e-5 * 1024 * 4 / 600), "torchvision's adjustment"
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
     ema = WeightsEMA(model, 0.9, every=4, warmup_epochs=1)
@@ -284,7 +287,7 @@ def test_ema_is_averaged_model_with_torchvisions_decay_and_warmup():
 def test_deferred_timer_reads_the_device_only_in_collect(monkeypatch):
     """On CUDA, stop() keeps the events; collect() waits once (the newest event) and gives
     StepTimer's times. A fake Event stands in for CUDA's."""
-    from solutions.phase4_production.train_sync import DeferredTimer
+    from solutions.phase4_production.trainer.sync import DeferredTimer
 
     calls = collections.Counter()
 
@@ -340,7 +343,7 @@ def _count_device_reads(argv: list[str], backend: str | None = None) -> dict:
     from torch._dynamo.utils import counters as dynamo
 
     from solutions.phase4_production import recovery
-    from solutions.phase4_production.train import train
+    from solutions.phase4_production.trainer.loop import train
 
     if backend is not None:
         compile_ = torch.compile
@@ -392,14 +395,15 @@ def _bare_compiled_ddp_breaks(argv: list[str], backend: str) -> dict:
 
     from common.models import build_model
     from solutions.phase4_production.elastic import plan_batches
-    from solutions.phase4_production.train_data import build_datasets
+    from solutions.phase4_production.trainer.data import build_datasets
 
     cfg, rank = parse_config(argv), dist.get_rank()
     torch._dynamo.reset()
     dynamo.clear()
-    _, _, shape, classes = build_datasets(cfg.dataset, cfg.data_root, cfg.image_size, cfg.synthetic_size)
-    net = torch.compile(DDP(build_model(cfg.model, shape, classes, seed=0)), backend=backend)
-    plan = plan_batches(cfg.global_batch, dist.get_world_size(), cfg.micro_batch or cfg.global_batch)
+    data = cfg.data
+    _, _, shape, classes = build_datasets(data.dataset, data.data_root, data.image_size, data.synthetic_size)
+    net = torch.compile(DDP(build_model(cfg.model.name, shape, classes, seed=0)), backend=backend)
+    plan = plan_batches(data.global_batch, dist.get_world_size(), data.micro_batch or data.global_batch)
     slices = plan.micro_slices(rank)
     for _ in range(3):
         x = torch.randn(plan.shares[rank], *shape)
@@ -498,7 +502,7 @@ def test_an_unreadable_image_is_one_line_naming_it_and_the_run_ends(tmp_path):
     wait on its workers, which ignore SIGTERM (subprocess.run waits for every holder of its
     pipes, so a worker left behind fails this test by its timeout). --decode pil's reader
     says the same, called directly."""
-    from solutions.phase4_production.train_augment import UnreadableImage, read_rgb_pil
+    from solutions.phase4_production.trainer.augment import UnreadableImage, read_rgb_pil
 
     root = _folder(tmp_path / "data")
     (root / "train" / "b" / "empty.jpg").write_bytes(b"")

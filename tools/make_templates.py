@@ -104,8 +104,11 @@ def exercise_ids(source: str) -> set[str]:
 
 
 def template_pairs() -> list[tuple[Path, Path]]:
-    """(solution file, template file) for every .py file of every solutions/phase*/ folder."""
-    return [(src, REPO_ROOT / src.relative_to(SOLUTIONS)) for src in sorted(SOLUTIONS.glob("phase*/*.py"))]
+    """(solution file, template file) for every .py file of every solutions/phase*/ folder and
+    of every package in one (a folder with an __init__.py: phase4_production/trainer/)."""
+    sources = [*SOLUTIONS.glob("phase*/*.py"),
+               *(src for init in SOLUTIONS.glob("phase*/*/__init__.py") for src in init.parent.glob("*.py"))]
+    return [(src, REPO_ROOT / src.relative_to(SOLUTIONS)) for src in sorted(sources)]
 
 
 def learner_regions(template: str, current: str) -> list[str]:
