@@ -164,7 +164,7 @@ def run(args) -> dict:
 
 def report(r: dict, args) -> str:
     psi, n, mb = r["psi"], r["nproc"], 2**20
-    impl = "your zero.py" if args.learner else "reference zero.py"
+    impl = "your zero/" if args.learner else "reference zero/"
     lines = [f"MLP {args.layers} x Linear(width {args.width}), Psi = {psi:,} fp32 parameters, torch.optim.Adam, "
              f"{n} ranks ({os.cpu_count()} CPU cores), batch {args.batch} per rank, {impl}, torch {torch.__version__}",
              "bytes per rank between steps (training_memory: params + grads + optimizer state) vs the model "
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=8, help="samples per rank (default 8)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per implementation (default 5)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before the world is declared hung")
-    parser.add_argument("--learner", action="store_true", help="measure YOUR phase2_advanced/zero.py as ZeRO-3")
+    parser.add_argument("--learner", action="store_true", help="measure YOUR phase2_advanced/zero/ as ZeRO-3")
     parser.add_argument("--json", metavar="PATH", help="write the raw numbers as JSON")
     args = parser.parse_args(argv)
     if args.nproc < 2 or args.width < 1 or args.layers < 1 or args.batch < 1 or args.steps < 1:

@@ -99,7 +99,7 @@ def run(args) -> dict:
 
 def report(r: dict, args) -> str:
     psi, mb = r["psi"], 1e6
-    impl = "your zero.py" if args.learner else "reference zero.py"
+    impl = "your zero/" if args.learner else "reference zero/"
     lines = [f"MLP {args.layers} x Linear(width {args.width}), Psi = {psi:,} fp32 parameters in {len(r['units'])} units "
              f"(the largest {max(r['units']) / psi:.0%}), Adam, {impl}, rank 0",
              "after the step: params (stage 3: its shards) + grads + optimizer-held (stage 2's slices, Adam state), "
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=4, help="Linear layers (default 4)")
     parser.add_argument("--batch", type=int, default=8, help="samples per rank (default 8)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before a world is declared hung")
-    parser.add_argument("--learner", action="store_true", help="measure YOUR phase2_advanced/zero.py")
+    parser.add_argument("--learner", action="store_true", help="measure YOUR phase2_advanced/zero/")
     parser.add_argument("--json", metavar="PATH", help="write the raw numbers as JSON")
     args = parser.parse_args(argv)
     if min(args.worlds) < 1 or args.width < 1 or args.layers < 1 or args.batch < 1:

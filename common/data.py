@@ -13,6 +13,7 @@ Nothing here touches the global RNG or the network.
 from __future__ import annotations
 
 import functools
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +44,11 @@ DATASET_SHAPES: dict[str, tuple[tuple[int, ...], int]] = {
 @functools.lru_cache(maxsize=4)
 def _read_digits(path: str) -> np.ndarray:
     """Parse digits.csv.gz once per process: int64 array (1797, 65), 64 pixels then label."""
-    rows = np.loadtxt(path, delimiter=",", dtype=np.int64)
+    try:
+        rows = np.loadtxt(path, delimiter=",", dtype=np.int64)
+    except (OSError, EOFError, ValueError, zlib.error) as exc:  # truncated, not gzip, not numbers
+        raise ValueError(f"{path} is not a readable digits file ({type(exc).__name__}: {str(exc).splitlines()[0]}): "
+                         f"restore the bundled one with `git checkout data/{DIGITS_FILE}`") from None
     if rows.ndim != 2 or rows.shape[1] != 65:
         raise ValueError(f"{path} is not the digits file: expected 65 columns, got shape {rows.shape}")
     return rows
@@ -158,7 +163,24 @@ def cifar10(root: str | Path, train: bool = True, augment: bool = False) -> Data
         )
     steps = [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()] if augment else []
     steps += [T.ToTensor(), T.Normalize(CIFAR10_MEAN, CIFAR10_STD)]
-    return cls(str(root), train=train, download=False, transform=T.Compose(steps))
+    try:
+        return cls(str(root), train=train, download=False, transform=T.Compose(steps))
+    except Exception as exc:  # noqa: BLE001 - a truncated or foreign file: unpickling raises any of many types
+        raise ValueError(f"CIFAR-10 under {folder} cannot be read ({_unreadable_cifar_file(folder, needed)}: "
+                         f"{type(exc).__name__}): extract cifar-10-python.tar.gz again (see data/README.md)") from None
+
+
+def _unreadable_cifar_file(folder: Path, names: list[str]) -> str:
+    """The first of `names` in `folder` that does not unpickle as torchvision reads it."""
+    import pickle
+
+    for name in names:
+        try:
+            with open(folder / name, "rb") as f:
+                pickle.load(f, encoding="latin1")
+        except Exception:  # noqa: BLE001
+            return name
+    return "a file"
 
 
 def image_folder(root: str | Path, split: str = "train", image_size: int = 224, augment: bool = False) -> Dataset:

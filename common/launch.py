@@ -53,8 +53,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-DEFAULT_TIMEOUT_S = float(os.environ.get("COURSE_WORLD_TIMEOUT", "45"))
-START_TIMEOUT_S = float(os.environ.get("COURSE_WORLD_START_TIMEOUT", "120"))
+
+def _seconds(variable: str, default: float) -> float:
+    """A positive number of seconds from the environment variable, else `default` (with a
+    warning when it is set to something else: read at import, where an error would be a traceback)."""
+    text = os.environ.get(variable)
+    try:
+        value = float(text) if text is not None else default
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        warnings.warn(f"{variable}={text!r} is not a positive number of seconds: using {default:g}", stacklevel=2)
+        return default
+    return value
+
+
+DEFAULT_TIMEOUT_S = _seconds("COURSE_WORLD_TIMEOUT", 45.0)
+START_TIMEOUT_S = _seconds("COURSE_WORLD_START_TIMEOUT", 120.0)
 # Collectives time out later than the world, so a deadlock is reported by the
 # stack dump of every rank (useful) rather than by one rank's gloo timeout.
 _PG_TIMEOUT_MARGIN_S = 60.0
@@ -133,7 +148,9 @@ def run_world(
         use_libuv=sys.platform != "win32",
     )
     run_dir = Path(tempfile.mkdtemp(prefix="course-world-"))
-    start_deadline = time.time() + START_TIMEOUT_S
+    # Deadlines on the monotonic clock (system-wide, so the ranks read the same one): a wall clock
+    # stepped forward (NTP, a resumed VM) must not end a healthy world.
+    start_deadline = time.monotonic() + START_TIMEOUT_S
     deadline = start_deadline + timeout  # the latest a rank can be needed: its own last resort
     ctx = _start_context()
     procs = [
@@ -247,7 +264,7 @@ def _wait_for_world(procs, run_dir: Path, start_deadline: float, timeout: float,
     while running:
         if forwarder is not None and forwarder.pending:
             forwarder.deliver()
-        now = time.time()
+        now = time.monotonic()
         if work_deadline is None and all((run_dir / f"rank{r}.started").exists() for r in range(len(procs))):
             work_deadline, next_heartbeat = now + timeout, now + HEARTBEAT_S
         remaining = (work_deadline or start_deadline) - now
@@ -327,7 +344,7 @@ def _raise_timeout(procs, run_dir: Path, timeout: float) -> None:
                 os.kill(procs[r].pid, signal.SIGUSR1)
             except ProcessLookupError:
                 pass
-    settle_by = time.time() + 3.0  # one wait for all the dumps, not one per rank
+    settle_by = time.monotonic() + 3.0  # one wait for all the dumps, not one per rank
     stacks = {r: _read_settled(run_dir / f"rank{r}.stack", settle_by) for r in alive}
     not_started = [r for r in alive if not (run_dir / f"rank{r}.started").exists()]
     if not_started:
@@ -352,7 +369,7 @@ def _raise_timeout(procs, run_dir: Path, timeout: float) -> None:
 def _read_settled(path: Path, end: float) -> str:
     """Read a stack dump once the rank has finished writing it (size stable), or at `end`."""
     last = -1
-    while time.time() < end:
+    while time.monotonic() < end:
         size = path.stat().st_size if path.exists() else 0
         if size and size == last:
             break
@@ -472,7 +489,7 @@ def _rank_main(rank, world_size, fn, args, kwargs, port, run_dir, deadline, time
     os.environ.update(env)
 
     stack_file = open(run_dir / f"rank{rank}.stack", "w")
-    remaining = max(deadline - time.time(), 1.0)
+    remaining = max(deadline - time.monotonic(), 1.0)
     faulthandler.enable(file=stack_file, all_threads=True)  # a fatal signal leaves where it hit
     if _CAN_SIGNAL:
         faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)

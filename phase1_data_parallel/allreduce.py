@@ -52,14 +52,14 @@ def _exchange(tensor: torch.Tensor, peer: int) -> torch.Tensor:
 def allreduce_reduce_broadcast(tensor: torch.Tensor, op: str = "sum", root: int = 0) -> torch.Tensor:
     """Every rank sends its tensor to `root`, which sums them; root broadcasts the sum."""
     _check(tensor, op)
-    raise NotImplementedError("TODO 1.2: the root (any rank, not only 0) sums every rank's tensor from point-to-point messages, then every rank gets the root's sum; pointer: dist.recv overwrites its buffer")
+    raise NotImplementedError("TODO 1.2: the root (any rank, not only 0) sums all ranks' tensors via dist.send/recv (recv overwrites), then all get that sum")
     return _finish(tensor, op)
 
 
 def allreduce_gather_sum(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     """Every rank gathers every tensor (dist.all_gather) and sums them locally."""
     _check(tensor, op)
-    raise NotImplementedError("TODO 1.2: every rank collects every rank's tensor and sums them itself, into `tensor`, bitwise the same on every rank; pointer: dist.all_gather")
+    raise NotImplementedError("TODO 1.2: every rank gathers every rank's tensor and sums them into `tensor`, bitwise alike on all ranks; pointer: dist.all_gather")
     return _finish(tensor, op)
 
 
@@ -73,7 +73,7 @@ def allreduce_recursive_doubling(tensor: torch.Tensor, op: str = "sum") -> torch
         p = 6, q = 4:   4 -> 0, 5 -> 1 | 0<->1, 2<->3 | 0<->2, 1<->3 | 0 -> 4, 1 -> 5
     """
     _check(tensor, op)
-    raise NotImplementedError('TODO 1.2: the schedule of the docstring (fold, log2(q) pairwise rounds, unfold); pointer: _exchange swaps tensors with a partner without deadlocking')
+    raise NotImplementedError("TODO 1.2: the docstring's schedule (fold, log2(q) pairwise rounds, unfold); pointer: _exchange swaps with a partner safely")
     return _finish(tensor, op)
 
 

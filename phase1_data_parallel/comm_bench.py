@@ -51,7 +51,7 @@ def time_collective(
     """
     if iters < 1 or warmup < 0:
         raise ValueError(f"need iters >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
-    raise NotImplementedError("TODO 1.3: every rank returns the slowest rank's seconds per timed call (warm-up excluded, ranks start together, device work finished before each clock reading); see the guidelines' five rules")
+    raise NotImplementedError("TODO 1.3: every rank returns the slowest rank's seconds per timed call, timed by the guidelines' five rules (section 1.3)")
 
 
 def fit_alpha_beta(sizes_bytes: list[float], seconds: list[float]) -> tuple[float, float]:
@@ -68,7 +68,7 @@ def fit_alpha_beta(sizes_bytes: list[float], seconds: list[float]) -> tuple[floa
         raise ValueError("need timings for at least two different message sizes to fit alpha and beta")
     if min(seconds) <= 0:
         raise ValueError(f"timings must be positive, got {min(seconds)}")
-    raise NotImplementedError("TODO 1.3: the (alpha, beta) of the docstring's weighted least squares, computed in float64; pointer: dividing row i of [1, n_i] @ [alpha, beta] = t_i by t_i turns it into ordinary least squares")
+    raise NotImplementedError("TODO 1.3: the (alpha, beta) of the docstring's weighted least squares, in float64; pointer: torch.linalg.lstsq")
 
 
 def cost_terms(strategy: str, world_size: int) -> tuple[float, float]:
@@ -84,7 +84,7 @@ def cost_terms(strategy: str, world_size: int) -> tuple[float, float]:
     p = world_size
     if p < 1:
         raise ValueError(f"world_size must be >= 1, got {p}")
-    raise NotImplementedError('TODO 1.3: count the latencies (a) and the n-byte transfers (b) on the critical path, as in the table of guidelines section 1.3; ValueError for an unknown strategy')
+    raise NotImplementedError('TODO 1.3: count latencies (a) and n-byte transfers (b) on the critical path (table of section 1.3); ValueError: unknown strategy')
 
 
 def link_alpha_beta(strategy: str, world_size: int, sizes_bytes: list[float],

@@ -47,7 +47,7 @@ class ShardSampler(Sampler[int]):
         seed: int = 0,
         drop_last: bool = False,
     ) -> None:
-        raise NotImplementedError('TODO 1.1: ValueError (with a clear message) for a bad world size, a rank outside the world or an empty dataset; set num_samples (indices per rank) and total_size (num_samples * num_replicas); pointer: drop_last decides whether n/p rounds up or down')
+        raise NotImplementedError('TODO 1.1: ValueError for a bad world size, rank or empty dataset; set num_samples and total_size; pointer: drop_last rounds n/p')
         self.dataset_len = len(dataset)
         self.num_replicas = num_replicas
         self.rank = rank
@@ -64,7 +64,7 @@ class ShardSampler(Sampler[int]):
         return self.num_samples
 
     def __iter__(self) -> Iterator[int]:
-        raise NotImplementedError("TODO 1.1: this rank's len(self) indices, in DistributedSampler's order for (seed, epoch), leaving the global RNG untouched; pointer: the module docstring's diagram")
+        raise NotImplementedError("TODO 1.1: this rank's len(self) indices in DistributedSampler's order for (seed, epoch), global RNG untouched; see the diagram")
 
 
 def make_loader(
@@ -82,4 +82,4 @@ def make_loader(
     trims the dataset so that the shards are equal; the loader still yields its last
     partial batch). Call `loader.sampler.set_epoch(epoch)` at the start of every epoch.
     """
-    raise NotImplementedError("TODO 1.1: a DataLoader that yields this rank's shard (as ShardSampler(shuffle, seed, drop_last) orders it) in batches of batch_size; pointer: DataLoader's sampler argument")
+    raise NotImplementedError("TODO 1.1: a DataLoader yielding this rank's shard (ordered as ShardSampler orders it) in batches; pointer: DataLoader's sampler")

@@ -62,7 +62,7 @@ class GradSync(nn.Module):
 
     def forward(self, *inputs, **kwargs):
         """The wrapped module's forward; records whether the backward of its output syncs."""
-        raise NotImplementedError("TODO 2.1: return the module's output, and record here, for the coming backward, whether it must sync (DDP decides in _post_forward)")
+        raise NotImplementedError("TODO 2.1: return the module's output; record here, for the coming backward, whether it must sync (DDP decides in _post_forward)")
 
     def sync(self, local_samples: int) -> None:
         """Phase 1's weighted all-reduce: .grad <- sum_r n_r * g_r / sum_r n_r on every rank."""
@@ -121,4 +121,4 @@ def accumulation_step(sync: GradSync, optimizer: torch.optim.Optimizer,
     if len(inputs) != len(targets) or len(inputs) == 0:
         raise ValueError(f"need as many targets as inputs, at least one: got {len(inputs)} inputs, {len(targets)} targets")
     slices = micro_batches(len(inputs), micro_batch_size)
-    raise NotImplementedError('TODO 2.1: the gradient of the mean loss over all n samples (weight micro-batch i by n_i / n), one sync in the step, one micro-batch\'s graph alive at a time; return via global_mean (section 2.1, "Stuck?")')
+    raise NotImplementedError("TODO 2.1: the mean loss's gradient over all n samples, one sync per step, one micro-batch's graph alive at a time; see global_mean")

@@ -198,11 +198,11 @@ class Mailbox:
         Returns the data's Delivery (waiting for it releases the header too).
         Raises ValueError for more than MAX_DIMS dims or a dtype not in DTYPES.
         """
-        raise NotImplementedError("TODO 2.5: send what the receiver needs to allocate the tensor (an int64 header of HEADER_LEN on activation.device, layout in the module docstring), then the activation itself; return the activation's Delivery")
+        raise NotImplementedError('TODO 2.5: send an int64 header to allocate by (HEADER_LEN, module docstring), then the activation; return its Delivery')
 
     def recv_activation(self, src: int, device: torch.device) -> torch.Tensor:
         """Receive the header, allocate a tensor of that dtype and shape on `device`, receive into it."""
-        raise NotImplementedError('TODO 2.5: the mirror of send_activation: receive its header, then the activation into a new tensor of the dtype and shape the header names (self.recv fills a buffer you allocate)')
+        raise NotImplementedError("TODO 2.5: send_activation's mirror: the header, then the activation into a new tensor of its dtype and shape (recv fills a buffer)")
 
 
 def forward_backward(stage: PipelineStage, inputs: torch.Tensor | None, targets: torch.Tensor | None,
@@ -215,4 +215,4 @@ def forward_backward(stage: PipelineStage, inputs: torch.Tensor | None, targets:
     accumulated as loss.backward() does (two calls without zero_grad: the sum).
     Returns the loss (detached) on the last stage, None elsewhere.
     """
-    raise NotImplementedError('TODO 2.5: this rank\'s part of the step: autograd stops at each cut, so carry the activation forward and its gradient back by hand with a Mailbox (module docstring; guidelines 2.5, "Stuck?"); flush before returning')
+    raise NotImplementedError("TODO 2.5: this rank's part of the step: autograd stops at each cut: carry activations forward, gradients back, by Mailbox; flush")

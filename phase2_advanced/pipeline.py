@@ -163,7 +163,7 @@ def gpipe_schedule(num_stages: int, num_microbatches: int) -> Schedule:
     memory and gradients); every stage must use the same one (messages pair in order).
     Raises ValueError unless both arguments are integers >= 1.
     """
-    raise NotImplementedError('TODO 2.6: validate with _check_settings; every stage runs all its forwards, then all its backwards (the GPipe picture in the module docstring)')
+    raise NotImplementedError("TODO 2.6: validate with _check_settings; every stage runs all its forwards, then all its backwards (the docstring's GPipe picture)")
 
 
 def one_f_one_b_schedule(num_stages: int, num_microbatches: int) -> Schedule:
@@ -175,7 +175,7 @@ def one_f_one_b_schedule(num_stages: int, num_microbatches: int) -> Schedule:
     (torch's Schedule1F1B rejects m < p, since 1F1B then saves no memory.)
     Raises ValueError unless both arguments are integers >= 1.
     """
-    raise NotImplementedError('TODO 2.6: validate with _check_settings; each stage\'s list as the docstring says: warm-up, one F one B, drain (the 1F1B picture in the module docstring; guidelines 2.6, "Stuck?")')
+    raise NotImplementedError("TODO 2.6: validate with _check_settings; each stage's list: warm-up, one F one B, drain (the 1F1B picture in the module docstring)")
 
 
 def interleaved_schedule(num_ranks: int, num_microbatches: int, num_chunks: int) -> Schedule:
@@ -223,7 +223,7 @@ def time_grid(schedule: Schedule, costs: dict[str, int] | None = None) -> Grid:
     virtual stage is on two ranks, a cost is not an integer >= 1, or the schedule deadlocks (no
     rank can move).
     """
-    raise NotImplementedError('TODO 2.6: validate with _check_schedule; step a clock: a free rank starts its next action once its dependencies are done; stuck: ValueError')
+    raise NotImplementedError('TODO 2.6: validate (_check_schedule); tick a clock: a free rank starts its next action once its needs are done; stuck: ValueError')
 
 
 def bubble_fraction(grid: Grid) -> float:
@@ -245,7 +245,7 @@ def split_microbatches(batch: torch.Tensor, num_microbatches: int) -> list[torch
     raises ValueError unless num_microbatches is an integer >= 1 that divides len(batch).
     The batch is left unchanged.
     """
-    raise NotImplementedError('TODO 2.6: ValueError unless num_microbatches is an integer >= 1 that divides len(batch); then m equal consecutive views along dim 0 (torch.Tensor.chunk)')
+    raise NotImplementedError('TODO 2.6: ValueError unless num_microbatches is an int >= 1 dividing len(batch); then m equal dim-0 views; see torch.Tensor.chunk')
 
 
 def _stages_and_actions(stage: PipelineStage | Sequence[PipelineStage], actions: list[Action]) -> tuple[dict, list]:
@@ -287,4 +287,4 @@ def run_pipeline(actions: list[Action], stage: PipelineStage | Sequence[Pipeline
     stages, listed = _stages_and_actions(stage, actions)
     first = next(iter(stages))
     num_microbatches = _check_actions(actions, f"stage {first}" if len(stages) == 1 else "this rank", first)
-    raise NotImplementedError('TODO 2.6: walk the actions with 2.5\'s Mailbox: receive (or take from this rank), post queued sends, compute, queue sends; a split B computes the input gradient only, its W the weights\'; wait for each Delivery once surely delivered; flush (guidelines 2.6, "Stuck?")')
+    raise NotImplementedError("TODO 2.6: walk the actions with 2.5's Mailbox: receive, post queued sends, compute, queue sends; split: B makes dL/dx, W the rest")

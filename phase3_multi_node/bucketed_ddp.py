@@ -49,7 +49,7 @@ def assign_buckets(params: Sequence[torch.Tensor], cap_bytes: int) -> list[list[
 
     assign_buckets([a(40 B), b(40 B), c(120 B), d(20 B)], 80) == [[3, 2], [1, 0]]
     """
-    raise NotImplementedError("TODO 3.2: the docstring's rule exactly (reverse order, one open bucket per (dtype, device), close at >= cap_bytes, leftovers in opening order)")
+    raise NotImplementedError("TODO 3.2: the docstring's rule exactly (reverse order, one open bucket per (dtype, device), close at >= cap_bytes, then leftovers)")
 
 
 class BucketedDDP(nn.Module):
@@ -100,7 +100,7 @@ class BucketedDDP(nn.Module):
     def _build_buckets(self, cap_bytes: int) -> None:
         """self.buckets = assign_buckets(parameters, cap_bytes); a flat buffer per bucket, allocated
         once; a gradient hook on every parameter in a bucket (register_post_accumulate_grad_hook)."""
-        raise NotImplementedError("TODO 3.2: each parameter's slot is a view of its bucket's flat buffer, shaped like the parameter; its hook calls self._grad_ready(its index)")
+        raise NotImplementedError("TODO 3.2: each parameter's slot: a view of its bucket's flat buffer shaped like it; its hook calls self._grad_ready(its index)")
 
     def _reset(self) -> None:
         """State of one backward: nothing ready, nothing launched."""
@@ -117,7 +117,7 @@ class BucketedDDP(nn.Module):
 
     def _grad_ready(self, i: int) -> None:
         """Parameter i's gradient is accumulated (its hook): into its bucket; launch what is complete."""
-        raise NotImplementedError('TODO 3.2: nothing unless the forward prepared a sync; on the first gradient, queue the final callback (Variable._execution_engine.queue_callback); copy into the slot; launch complete buckets in bucket order')
+        raise NotImplementedError('TODO 3.2: only if forward prepared a sync: queue the final callback once, copy into the slot, launch complete buckets in order')
 
     def _mark_ready(self, i: int) -> None:
         """Parameter i's contribution goes into its slot (zeros if it has no .grad); its bucket lacks one less."""
@@ -129,4 +129,4 @@ class BucketedDDP(nn.Module):
 
     def _finish_backward(self) -> None:
         """End of backward (the queued callback): launch the rest, wait, .grad = the bucket views."""
-        raise NotImplementedError('TODO 3.2: buckets still incomplete (parameters without a gradient) are launched too; wait for every all-reduce before backward returns; each .grad becomes its averaged slot; ready for the next backward')
+        raise NotImplementedError('TODO 3.2: launch incomplete buckets too, wait for every all-reduce; each .grad becomes its averaged slot; reset for the next pass')

@@ -96,27 +96,27 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._order = self._params[::-1]  # the launch order, the same on every rank
         self._launched = 0  # self._order[:self._launched] are launched in this step
         self._hooks = []
-        raise NotImplementedError('TODO 3.5: on every parameter of self._params, register a hook that runs once autograd has accumulated its .grad (Tensor.register_post_accumulate_grad_hook) and calls self._on_grad_ready')
+        raise NotImplementedError('TODO 3.5: hook each parameter of self._params to call self._on_grad_ready once its .grad is accumulated; see post-accumulate hooks')
 
     def _launch(self, param: torch.Tensor) -> None:
         """Start the async SUM all-reduce of param.grad (zeros if None) in self.group; append
         (param, its Work) to self._pending (Work None without other ranks)."""
-        raise NotImplementedError('TODO 3.5: all-reduce param.grad in place WITHOUT waiting (async_op=True returns a Work); keep (param, work) in self._pending for step() to wait on')
+        raise NotImplementedError('TODO 3.5: all-reduce param.grad in place WITHOUT waiting (async_op=True: a Work); keep (param, work) in self._pending for step()')
 
     def _launch_in_order(self, everything: bool = False) -> None:
         """Launch, in self._order from self._launched on, every parameter whose k-th pass has
         arrived, stopping at the first that has not (everything=True: launch all the rest)."""
-        raise NotImplementedError('TODO 3.5: walk self._order from self._launched; self._launch each parameter at its k-th pass (or any, with everything=True); stop at the first that is not ready, so every rank launches in the same order')
+        raise NotImplementedError('TODO 3.5: from self._launched, launch each of self._order at its k-th pass (any, if everything=True); stop at the first not ready')
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         """Post-accumulate-grad hook: count this pass for `param`; on its k-th pass, launch what
         is ready in the shared order (self._launch_in_order())."""
-        raise NotImplementedError('TODO 3.5: count the pass; only on the k-th pass of the step, launch what is ready in the shared order (self._launch_in_order); a (k+1)-th pass before step() raises RuntimeError')
+        raise NotImplementedError("TODO 3.5: count the pass; at a parameter's k-th launch what is ready, in the shared order; a (k+1)-th pass raises RuntimeError")
 
     def synchronize(self) -> None:
         """Launch the all-reduces still missing, wait for all, and leave the mean in every .grad;
         the pass counts start again from 0."""
-        raise NotImplementedError('TODO 3.5: launch the rest in the shared order (self._launch_in_order(everything=True)), wait for EVERY Work (its result is in .grad only after wait), divide by world_size * k, reset the pass counts and the launch position')
+        raise NotImplementedError('TODO 3.5: launch the rest in order, wait for EVERY Work (.grad has its result only then), divide by world_size * k, reset counts')
 
     def step(self, closure=None):
         """synchronize() (unless it was called since the last backward pass: nothing is pending
@@ -181,7 +181,7 @@ def broadcast_parameters(params, root_rank: int = 0, group=None) -> None:
     """
     if _world_size(group) == 1:
         return
-    raise NotImplementedError("TODO 3.5: collect the tensors (a Module's state_dict includes buffers), broadcast each from root_rank in the same order on every rank (async is fine), and wait for all before returning")
+    raise NotImplementedError("TODO 3.5: broadcast every tensor (a Module's state_dict: buffers too) from root_rank, in one order on all ranks; wait for all")
 
 
 @dataclass(frozen=True)
@@ -206,7 +206,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     """
     if _world_size(group) == 1:
         return
-    raise NotImplementedError("TODO 3.5: the structure (the root's state_dict with tensors replaced by shape/dtype) goes by dist.broadcast_object_list; then each state tensor by broadcast into a buffer the receiver allocates; receivers load_state_dict the result")
+    raise NotImplementedError('TODO 3.5: the structure (tensors as shape, dtype) by broadcast_object_list, then each tensor by broadcast; receivers load it')
 
 
 def linear_scaling_lr(step: int, base_lr: float, global_batch: int, reference_batch: int = 256,
@@ -227,4 +227,4 @@ def linear_scaling_lr(step: int, base_lr: float, global_batch: int, reference_ba
     if step < 0 or global_batch < 1 or reference_batch < 1 or warmup_steps < 0:
         raise ValueError(f"need step >= 0, global_batch >= 1, reference_batch >= 1, warmup_steps >= 0; got "
                          f"{step}, {global_batch}, {reference_batch}, {warmup_steps}")
-    raise NotImplementedError('TODO 3.5: scale base_lr by global_batch / reference_batch; during warm-up, ramp linearly from base_lr (at step 0) to the scaled rate (reached at step warmup_steps)')
+    raise NotImplementedError('TODO 3.5: base_lr x global_batch / reference_batch, ramped linearly from base_lr (step 0) to it (step warmup_steps) during warm-up')

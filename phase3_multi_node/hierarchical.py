@@ -100,7 +100,7 @@ def hierarchical_all_reduce(tensor: torch.Tensor, groups: NodeGroups, op: str = 
         raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
     if op == "avg" and not (tensor.is_floating_point() or tensor.is_complex()):
         raise TypeError(f"op='avg' needs a floating dtype, got {tensor.dtype} (use op='sum')")  # as 3.1's ring
-    raise NotImplementedError('TODO 3.3: reduce-scatter in the node, all-reduce your shard across nodes, all-gather in the node (pad to a multiple of the node size)')
+    raise NotImplementedError('TODO 3.3: reduce-scatter in the node, all-reduce your shard across nodes, all-gather in the node (pad to a multiple of node size)')
 
 
 def cross_node_bytes(nbytes: float, num_nodes: int, ranks_per_node: int) -> dict[str, float]:

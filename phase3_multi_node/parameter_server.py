@@ -65,7 +65,7 @@ def assign_parameters(sizes: list[int], num_servers: int) -> list[int]:
     decreasing size (equal sizes: lower index first), each on the server with the least
     load so far (equal loads: lower server index). Returns assignment[i] in 0..num_servers-1.
     """
-    raise NotImplementedError('TODO 3.4: assignment[i] = the server of parameter i, placed largest first on the least-loaded server with the tie rules of the docstring (pointer: sorted with a key)')
+    raise NotImplementedError("TODO 3.4: assignment[i] = parameter i's server: largest first, to the least-loaded server, ties as documented; see sorted's key")
 
 
 def round_robin(sizes: list[int], num_servers: int) -> list[int]:
@@ -177,26 +177,26 @@ class ParameterServer:
         round with no gradient never steps (the version stays); async, the replies the bound held
         back are reconsidered (release_waiting: the slowest of the workers still active).
         """
-        raise NotImplementedError('TODO 3.4: loop while workers are active: receive a header from any worker, then by its kind reply (PULL), receive the gradient and call on_push_sync/on_push_async (PUSH), or retire the worker (DONE: a sync round or a held reply may now complete); finally wait for every reply in flight (pointer: dist.recv with src=None returns the sender)')
+        raise NotImplementedError('TODO 3.4: while workers are active: take a header from any worker, act on its kind (PULL, PUSH, DONE); then wait for all replies')
         values = self.shard.split([shape.numel() for shape in self.shapes])
         return ServerRecord({i: v.view(shape).clone() for i, v, shape in zip(self.owned, values, self.shapes)},
                             self.version, self.staleness)
 
     def on_push_sync(self, worker: int, version: int, grad: torch.Tensor) -> None:
         """A gradient of this round from `worker`; once every active worker has pushed: step_round()."""
-        raise NotImplementedError("TODO 3.4: record the staleness (0 here: everybody computed on this version), add the gradient to the round's sum and, once every active worker has pushed, step_round(); nobody is answered before the step")
+        raise NotImplementedError("TODO 3.4: record staleness 0, add the gradient to the round's sum; once all active workers pushed, step_round(); no reply before")
 
     def step_round(self) -> None:
         """Sync: one SGD step with the mean of this round's gradients, then answer the round's workers."""
-        raise NotImplementedError("TODO 3.4: one SGD step with the mean of the round's gradients (version + 1), then answer every worker of the round and start an empty round")
+        raise NotImplementedError("TODO 3.4: one SGD step with the mean of the round's gradients (version + 1), answer the round's workers, start an empty round")
 
     def on_push_async(self, worker: int, version: int, grad: torch.Tensor) -> None:
         """Apply `grad` (computed on `version`) now; answer `worker` when the staleness bound allows."""
-        raise NotImplementedError("TODO 3.4: record (worker, staleness) with staleness = this server's version now - the version the gradient was computed on; apply it (SGD step, version + 1, one more step on the worker's clock); then the worker waits for its reply in release_waiting")
+        raise NotImplementedError("TODO 3.4: record (worker, my version - the gradient's); apply it (SGD, version + 1, its clock + 1); it waits in release_waiting")
 
     def release_waiting(self) -> None:
         """Reply to each waiting worker that is at most `staleness_bound` steps ahead of the slowest active one."""
-        raise NotImplementedError('TODO 3.4: without a bound every waiting worker is answered; with bound s, only those whose clock is at most s above the smallest clock among the active workers (the others stay waiting)')
+        raise NotImplementedError("TODO 3.4: no bound: answer every waiting worker; bound s: only those at most s steps above the slowest active worker's clock")
 
 
 # ------------------------------------------------------------ the worker
@@ -215,4 +215,4 @@ def run_worker(model: torch.nn.Module, batches: Iterable[Any], loss_fn: Callable
     Finally tell every server DONE. Afterwards the model holds the last parameters pulled.
     Servers are ranks 0..num_servers-1 of `group` (as for ParameterServer).
     """
-    raise NotImplementedError('TODO 3.4: pull, then per batch backward/push/pull as the docstring says, then DONE to every server; headers are int64 [kind, version] on HEADER_TAG, tensors on DATA_TAG; post every message of a step with isend/irecv before waiting on any (a blocking send to one server while another waits for you can deadlock)')
+    raise NotImplementedError("TODO 3.4: pull, then per batch backward/push/pull, then DONE to every server; post a step's messages (isend/irecv) before waiting")

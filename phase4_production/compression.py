@@ -209,7 +209,7 @@ def topk_hook(state: TopKState, bucket: dist.GradBucket) -> Future:
         if state.momentum or state.weight_decay:
             return allreduce_with_momentum(state, bucket)
         return allreduce_mean(buffer, group)
-    raise NotImplementedError("TODO 4.4: the docstring's average of every rank's top-k of its OWN accumulated gradient; v (and u) keep what was not sent; state.record your bytes; see dist.all_gather_single")
+    raise NotImplementedError("TODO 4.4: the docstring's average of every rank's top-k of its OWN accumulated gradient; v (u) keep what was unsent; state.record")
 
 
 # ---------------------------------------------------------------- PowerSGD
@@ -354,4 +354,4 @@ def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> Future:
     if state.iter < state.start_powerSGD_iter:
         state.record(bucket, buffer.numel() * buffer.element_size())
         return allreduce_mean(buffer, group)
-    raise NotImplementedError("TODO 4.4: bitwise what torch 2.14's powerSGD_hook returns (error feedback, warm start, its order of operations); split_bucket and BucketSplit.low_rank_views do the bookkeeping; guidelines 4.4 'Stuck?' lists the order")
+    raise NotImplementedError("TODO 4.4: bitwise what torch 2.14's powerSGD_hook returns (error feedback, warm start, its order of operations); see split_bucket")

@@ -71,7 +71,7 @@ class Attempt:
 def current_attempt() -> Attempt:
     """Who this process is now. Call it on every attempt (every call reads afresh): after a
     restart the rank and the world size may differ from the previous attempt's."""
-    raise NotImplementedError("TODO 4.2: read the rank and world size from the process group as it is now, and the restart count from torchrun's environment (TORCHELASTIC_RESTART_COUNT)")
+    raise NotImplementedError('TODO 4.2: the rank and world size of the process group as it is now, and the restart count from TORCHELASTIC_RESTART_COUNT')
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:
@@ -91,7 +91,7 @@ def resume(checkpoints: CheckpointManager, model, optimizer, scheduler=None, sca
     every rank loads the SAME step, the one rank 0 found (a shared file system may show
     the ranks different folder listings); rank 0's check of the file stands for all, so
     the others may load it without hashing it again. map_location defaults to the model's device."""
-    raise NotImplementedError('TODO 4.2: rank 0 finds the newest valid step (CheckpointManager.load_latest), every rank loads that same step; see dist.broadcast_object_list')
+    raise NotImplementedError('TODO 4.2: rank 0 finds the newest valid step (CheckpointManager.load_latest), every rank loads that step; broadcast_object_list')
 
 
 CORRUPT_SUFFIX = ".corrupt"
@@ -108,7 +108,7 @@ def set_aside_newer(checkpoints: CheckpointManager, resumed: int | None) -> list
     and deleted as soon as it is written, and the next crash would start from scratch.
     Renamed, not deleted: kept for inspection. Call it after resume(), before the first save.
     """
-    raise NotImplementedError('TODO 4.2: on rank 0, rename (never delete) every checkpoint of checkpoints.steps() newer than `resumed` (all of them if None) to its name + CORRUPT_SUFFIX, so that keep-last-k stops counting it')
+    raise NotImplementedError('TODO 4.2: on rank 0, rename (never delete) every checkpoint newer than `resumed` (all if None) to name + CORRUPT_SUFFIX')
 
 
 # ---------------------------------------------------------------- preemption: SIGTERM -> stop at a boundary
@@ -404,4 +404,4 @@ def run_resumable(train_step: Callable[[StepContext], None], model, optimizer, c
     fresh start. Exceptions (a peer died inside a collective) propagate: torchrun then
     restarts the group.
     """
-    raise NotImplementedError("TODO 4.2: the docstring's contract, composed from resume, set_aside_newer, PreemptionHandler and the injector (begin_step before each step, saving() around each save); see the module docstring's diagram")
+    raise NotImplementedError("TODO 4.2: the docstring's contract, from resume, set_aside_newer, PreemptionHandler and the injector; see the module's diagram")

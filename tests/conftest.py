@@ -3,6 +3,7 @@
     pytest                                   grade the reference solutions (the project's tests)
     pytest --impl learner tests/test_phase1.py   grade your templates (= python tests/test_phase1.py)
     pytest --override 1.2=path/to/file.py    grade one exercise with another file (negative controls)
+    pytest --override 2.4=path/to/zero/      ... or another package (2.4's is one: zero/)
     pytest --controls controls.json          run each control's CAUGHT_BY tests against it, all
                                              controls in this one session (tools/check_grading.py)
     pytest --contract-coverage               also record which documented inputs the graded tests
@@ -72,8 +73,10 @@ def _overrides(config) -> dict[str, str]:
     result = {}
     for item in config.getoption("--override"):
         ex, sep, path = item.partition("=")
-        if not sep or ex not in grading.EXERCISES or not Path(path).is_file():
-            raise pytest.UsageError(f"--override {item!r}: expected EX=FILE with a known exercise and an existing file")
+        found = Path(path).is_file() or (Path(path) / "__init__.py").is_file()  # a file, or a package's folder
+        if not sep or ex not in grading.EXERCISES or not found:
+            raise pytest.UsageError(f"--override {item!r}: expected EX=FILE with a known exercise and an existing file "
+                                    "(or a package's folder)")
         result[ex] = str(Path(path).resolve())
     return result
 
@@ -84,7 +87,8 @@ def _controls(config) -> list[dict]:
         return []
     controls = json.loads(Path(path).read_text())
     for control in controls:
-        if control["exercise"] not in grading.EXERCISES or not Path(control["path"]).is_file():
+        found = Path(control["path"]).is_file() or (Path(control["path"]) / "__init__.py").is_file()  # or a package
+        if control["exercise"] not in grading.EXERCISES or not found:
             raise pytest.UsageError(f"--controls: {control} names an unknown exercise or a missing file")
     return controls
 

@@ -331,11 +331,11 @@ def _forget(key: int) -> None:
 class _Wrapped:
     """The state of one wrapped callable."""
 
-    def __init__(self, exercise: str, qualname: str, fn: Callable, entries: dict[str, Entry], module_globals: dict,
+    def __init__(self, exercise: str, qualname: str, fn: Callable, entries: dict[str, Entry], module_globals: frozenset,
                  method: bool, skip_first: bool = False, before: Callable | None = None, group: set | None = None):
         self.exercise, self.qualname, self.fn = exercise, qualname, fn
         self.entries = entries  # entry id -> Entry, those of this callable
-        self.module_globals = module_globals
+        self.module_globals = module_globals  # ids of the namespaces of the module's own code (_own_globals)
         self.method = method  # the first parameter is the instance
         self.skip_first = skip_first  # the first parameter is the class (a classmethod)
         self.before = before
@@ -477,7 +477,7 @@ def _wrapper(state: _Wrapped) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        if not state.group or getattr(_local, "depth", 0) or sys._getframe(1).f_globals is state.module_globals \
+        if not state.group or getattr(_local, "depth", 0) or id(sys._getframe(1).f_globals) in state.module_globals \
                 or _current_test_exercise()[0] != state.exercise:
             return fn(*args, **kwargs)  # nothing left to see; the module calling itself; another exercise's test
         before = _safely(state.pre, args, kwargs) if state.before is not None else None
@@ -516,12 +516,12 @@ def _safely(observe, *args):
 
 def public_callables(module) -> dict[str, Any]:
     """{qualname: the function as the module or its class holds it} for the module's public API:
-    functions and classes defined in it (not imported), a class's methods that it defines itself
-    (public ones and __init__, __call__, __iter__, __len__, __enter__, __exit__), its static and
-    class methods; not properties, nor exception classes."""
+    functions and classes defined in it (not imported; a package's: defined in its files, 2.4's
+    zero/), a class's methods that it defines itself (public ones and __init__, __call__, __iter__,
+    __len__, __enter__, __exit__), its static and class methods; not properties, nor exception classes."""
     out = {}
     for name, value in vars(module).items():
-        if name.startswith("_") or getattr(value, "__module__", None) != module.__name__:
+        if name.startswith("_") or not _defined_in(getattr(value, "__module__", None), module):
             continue
         if inspect.isclass(value):
             if issubclass(value, BaseException):
@@ -541,6 +541,19 @@ def public_callables(module) -> dict[str, Any]:
 _DUNDERS = ("__init__", "__call__", "__iter__", "__len__", "__enter__", "__exit__")
 
 
+def _defined_in(origin, module) -> bool:
+    """`origin` (a __module__) is `module`, or a file of it where it is a package."""
+    return origin == module.__name__ or (isinstance(origin, str) and hasattr(module, "__path__")
+                                         and origin.startswith(module.__name__ + "."))
+
+
+def _own_globals(module) -> frozenset[int]:
+    """The ids of the global namespaces of `module`'s code: its own, and those of its package's files."""
+    names = [module.__name__] + ([m for m in list(sys.modules) if m.startswith(module.__name__ + ".")]
+                                 if hasattr(module, "__path__") else [])
+    return frozenset(id(vars(sys.modules[m])) for m in names if m in sys.modules)
+
+
 def _generated_init(cls) -> bool:
     """A dataclass's generated __init__ (a record type): its fields are data, not a contract of its own."""
     init = vars(cls).get("__init__")
@@ -557,6 +570,7 @@ def instrument(module, exercise: str) -> None:
     module.__course_contract__ = exercise
     entries = contract.entries()
     found = public_callables(module)
+    own = _own_globals(module)
     groups: dict[str, set] = {}  # owner class (or function) -> its entries still worth watching
     for key in entries:
         fn = key.split(": ", 1)[0]
@@ -570,17 +584,17 @@ def instrument(module, exercise: str) -> None:
         owner_name, _, attr = qualname.rpartition(".")
         owner = getattr(module, owner_name) if owner_name else module
         if isinstance(member, staticmethod):
-            state = _Wrapped(exercise, qualname, member.__func__, mine, vars(module), method=False,
+            state = _Wrapped(exercise, qualname, member.__func__, mine, own, method=False,
                              before=contract.before.get(qualname), group=groups.setdefault(owner_name or qualname, set()))
             setattr(owner, attr, staticmethod(_wrapper(state)))
         elif isinstance(member, classmethod):
-            state = _Wrapped(exercise, qualname, member.__func__, mine, vars(module), method=False, skip_first=True,
+            state = _Wrapped(exercise, qualname, member.__func__, mine, own, method=False, skip_first=True,
                              before=contract.before.get(qualname), group=groups.setdefault(owner_name or qualname, set()))
             setattr(owner, attr, classmethod(_wrapper(state)))
         elif getattr(member, "__course_contract_wrapped__", False):
             continue
         else:
-            state = _Wrapped(exercise, qualname, member, mine, vars(module), method=bool(owner_name),
+            state = _Wrapped(exercise, qualname, member, mine, own, method=bool(owner_name),
                              before=contract.before.get(qualname), group=groups.setdefault(owner_name or qualname, set()))
             wrapped = _wrapper(state)
             setattr(owner, attr, wrapped)

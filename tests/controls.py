@@ -32,6 +32,11 @@ Tracebacks point at the reference's file for its code and at the control's for t
 (an EDITS-ed definition: at the reference's lines, the edited text shown). Nothing is copied by
 hand, so nothing can drift: the rest of the module IS the reference, whatever it becomes.
 
+A reference that is a package (2.4's zero/, one file per stage) is spliced as one module too:
+its files' statements in the order they run (what a file imports from its package runs before
+it, __init__.py last), each compiled from its own file, without the imports of the package's own
+files (their names are already in the module): a control names a definition of any of its files.
+
 `problems(path)` is the check that keeps controls honest (tools/check_grading.py, and
 tests/test_controls.py in every `pytest`): the control loads; every name it replaces or edits
 exists in the reference, and the replacement differs from it (docstrings aside); every new name
@@ -81,7 +86,7 @@ class Control:
     tree: ast.Module
     header: dict
     reference: str  # "solutions.phase4_production.checkpoint"
-    reference_path: Path
+    reference_path: Path  # its file; a package's __init__.py (2.4's zero/)
     spliced: bool  # False: the older `import *` spelling, a module of its own
     imports: list = field(default_factory=list)
     body: list = field(default_factory=list)  # defs, classes, assignments, in the control's order
@@ -89,6 +94,10 @@ class Control:
     @property
     def package(self) -> str:
         return self.reference.rpartition(".")[0]
+
+    @property
+    def is_package(self) -> bool:
+        return self.reference_path.name == "__init__.py"
 
 
 def read(path: Path) -> Control:
@@ -107,7 +116,8 @@ def read(path: Path) -> Control:
     star = any(isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names) for n in tree.body)
     runs_code = any(isinstance(n, ast.Call) and getattr(n.func, "id", None) in ("exec", "compile")
                     for n in ast.walk(tree))
-    control = Control(path, tree, header, reference, REPO_ROOT / "solutions" / exercise.phase / f"{exercise.module}.py",
+    control = Control(path, tree, header, reference,
+                      grading.module_file(REPO_ROOT / "solutions" / exercise.phase, exercise.module),
                       spliced=not star and not runs_code)
     if not control.spliced:
         return control
@@ -199,11 +209,12 @@ class Splice:
     """What a spliced control makes of its reference: three units compiled apart, run in order."""
 
     control: Control
-    body: list  # the reference's statements, the named definitions swapped: ONE unit (so that it
-    #             compiles to the reference's own bytecode: CPython 3.11 compiles `module.f()` by
-    #             whether `module` is imported in the same unit)
-    targets: dict  # (qualname, first line) of a swapped definition -> the file it comes from
-    reference_tree: ast.Module
+    body: list  # the reference's statements, the named definitions swapped: ONE unit per file of the
+    #             reference (so that it compiles to the reference's own bytecode: CPython 3.11 compiles
+    #             `module.f()` by whether `module` is imported in the same unit)
+    units: list  # (statements, file, targets, future flags) per file of the reference, in order;
+    #              targets: (qualname, first line) of a swapped definition -> the file it comes from
+    reference_tree: ast.Module  # every file's statements in the splice, in order
     replaced: dict  # qualname -> the control's node (or the edited reference node)
     edited: set
     added: dict  # new top-level name -> node
@@ -220,26 +231,33 @@ def _future_flags(tree: ast.Module) -> int:
     return flags
 
 
-def _apply_edits(control: Control, text: str, tree: ast.Module) -> tuple[dict[str, ast.stmt], dict[str, str]]:
+def _apply_edits(control: Control, parts: list[_Part], tree: ast.Module
+                 ) -> tuple[dict[str, ast.stmt], dict[str, str], dict[str, str]]:
     """The reference's definitions named in EDITS, their text edited and parsed again (at their
-    own lines); and the pseudo file that holds the edited text, for tracebacks."""
+    own lines); the pseudo files that hold the edited text, for tracebacks (one per file of the
+    reference that is edited); and the pseudo file of each edited definition."""
     edits = control.header.get("EDITS") or {}
     if not isinstance(edits, dict):
         raise ControlError(f"{control.path.name}: EDITS must be a dict {{name: [(old, new), ...]}}")
     found, twice = definitions(tree), _twice(tree)
-    lines = text.splitlines(keepends=True)
-    edited_lines, nodes = list(lines), {}
+    part_of = {_name_of(n): part for part in parts for n in part.body if _name_of(n) is not None}
+    edited_lines: dict[int, list[str]] = {}  # index of the part -> its lines, edited
+    nodes, file_of = {}, {}
     spans = []
     for name, pairs in edits.items():
         node = found.get(name)
         if node is None or name in twice:
+            where = control.reference_path.parent if control.is_package else control.reference_path
             raise ControlError(f"{control.path.name}: EDITS names {name!r}, which the reference "
-                               f"{control.reference_path.relative_to(REPO_ROOT)} "
+                               f"{where.relative_to(REPO_ROOT)} "
                                f"{'defines twice' if name in twice else 'does not define'}: update the control")
+        part = part_of[name.split(".")[0]]
+        index = parts.index(part)
+        lines = part.text.splitlines(keepends=True)
         start, end = _first_line(node), node.end_lineno
-        if any(start <= e and s <= end for s, e in spans):
+        if any(i == index and start <= e and s <= end for i, s, e in spans):
             raise ControlError(f"{control.path.name}: EDITS names {name!r} and a definition inside or around it")
-        spans.append((start, end))
+        spans.append((index, start, end))
         segment = "".join(lines[start - 1:end])
         for pair in pairs:
             if not (isinstance(pair, (tuple, list)) and len(pair) in (2, 3)):
@@ -267,11 +285,13 @@ def _apply_edits(control: Control, text: str, tree: ast.Module) -> tuple[dict[st
                 if getattr(sub, "end_col_offset", None) is not None:
                     sub.end_col_offset += indent
         nodes[name] = new_node
-        edited_lines[start - 1:end] = [segment] + [""] * (end - start)  # keeps the edit's first line in place
-    files = {}
-    if nodes:  # one pseudo file: the reference with the edits; an edited definition starts at its own line
-        files[f"{control.reference_path} (as {control.path.name} edits it)"] = "".join(edited_lines)
-    return nodes, files
+        file_of[name] = f"{part.path} (as {control.path.name} edits it)"
+        edited = edited_lines.setdefault(index, list(lines))
+        edited[start - 1:end] = [segment] + [""] * (end - start)  # keeps the edit's first line in place
+    # one pseudo file per edited file: the file with the edits; an edited definition starts at its own line
+    files = {f"{parts[index].path} (as {control.path.name} edits it)": "".join(lines)
+             for index, lines in edited_lines.items()}
+    return nodes, files, file_of
 
 
 _PARSED: dict[tuple, tuple[str, ast.Module]] = {}
@@ -287,12 +307,67 @@ def _reference_source(path: Path) -> tuple[str, ast.Module]:
     return _PARSED[key]
 
 
+@dataclass
+class _Part:
+    """One file of a reference: its text and tree, and its statements in the splice (for a
+    package, without the imports of the package's own files)."""
+    path: Path
+    text: str
+    tree: ast.Module
+    body: list
+
+
+def _imported_sibling(node: ast.stmt, folder: Path) -> Path | None:
+    """The file of `folder`'s package that `node` imports names from (`from .flat import FlatParams`),
+    else None."""
+    if not (isinstance(node, ast.ImportFrom) and node.level == 1):
+        return None
+    file = folder / f"{node.module}.py" if node.module else None
+    if file is None or not file.is_file() or any(a.asname not in (None, a.name) for a in node.names):
+        raise ControlError(f"{folder.relative_to(REPO_ROOT)}, line {node.lineno}: a package spliced as one module "
+                           "imports its own files as `from .file import name, ...` (no `as`, no modules)")
+    return file
+
+
+def _reference_parts(path: Path) -> list[_Part]:
+    """The files of the reference whose file is `path`, in the order they run: the file itself; for a
+    package (`path` its __init__.py), each file the package's imports reach, what a file imports
+    before it, __init__.py last."""
+    if path.name != "__init__.py":
+        text, tree = _reference_source(path)
+        return [_Part(path, text, tree, list(tree.body))]
+    parts: list[_Part] = []
+    seen: set[Path] = set()
+
+    def visit(file: Path) -> None:
+        if file in seen:
+            return
+        seen.add(file)
+        text, tree = _reference_source(file)
+        body = []
+        for node in tree.body:
+            sibling = _imported_sibling(node, path.parent)
+            if sibling is None:
+                body.append(node)
+            else:
+                visit(sibling)
+        parts.append(_Part(file, text, tree, body))
+
+    visit(path)
+    return parts
+
+
+def _whole(parts: list[_Part]) -> ast.Module:
+    """The statements of every file of a reference, in the order they run: one module's."""
+    return ast.Module([node for part in parts for node in part.body], [])
+
+
 def splice(control: Control) -> Splice:
     """The statements of the spliced module (see the module's docstring), not yet run."""
-    text, tree = _reference_source(control.reference_path)
+    parts = _reference_parts(control.reference_path)
+    tree = _whole(parts)
     found, twice = definitions(tree), _twice(tree)
-    edited, files = _apply_edits(control, text, tree)
-    edited_file = next(iter(files), None)
+    edited, files, edited_file_of = _apply_edits(control, parts, tree)
     owner: dict[str, ast.stmt] = {}  # every top-level name -> the statement binding it
     for node in tree.body:
         for name in _bound_names(node):
@@ -334,23 +409,28 @@ def splice(control: Control) -> Splice:
         else:
             added[name] = node
     for name, node in edited.items():
-        replaced[name] = (node, edited_file)
-    body, targets = [], {}
-    for qual, (node, filename) in replaced.items():
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            targets[(qual, _first_line(node))] = filename
-    for node in tree.body:
-        name = _name_of(node)
-        if name in replaced:
-            body.append(replaced[name][0])
-        elif isinstance(node, ast.ClassDef) and any(q.startswith(name + ".") for q in replaced):
-            cls = copy.copy(node)
-            cls.body = [replaced.get(f"{name}.{_name_of(item)}", (item, None))[0] for item in node.body]
-            body.append(cls)
-        else:
-            body.append(node)
-    return Splice(control, body, targets, tree, {q: n for q, (n, _) in replaced.items()}, set(edited), added,
-                  _future_flags(tree), files)
+        replaced[name] = (node, edited_file_of[name])
+    body, units = [], []
+    for part in parts:
+        statements, targets = [], {}
+        names = {_name_of(n) for n in part.body} - {None}
+        for qual, (node, filename) in replaced.items():
+            if qual.split(".")[0] in names and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                targets[(qual, _first_line(node))] = filename
+        for node in part.body:
+            name = _name_of(node)
+            if name in replaced:
+                statements.append(replaced[name][0])
+            elif isinstance(node, ast.ClassDef) and any(q.startswith(name + ".") for q in replaced):
+                cls = copy.copy(node)
+                cls.body = [replaced.get(f"{name}.{_name_of(item)}", (item, None))[0] for item in node.body]
+                statements.append(cls)
+            else:
+                statements.append(node)
+        body += statements
+        units.append((statements, str(part.path), targets, _future_flags(part.tree)))
+    return Splice(control, body, units, tree, {q: n for q, (n, _) in replaced.items()}, set(edited), added,
+                  _future_flags(parts[0].tree), files)
 
 
 def _refile(code: types.CodeType, targets: dict[tuple[str, int], str], inside: str | None = None) -> types.CodeType:
@@ -369,13 +449,16 @@ def load(path: Path, name: str | None = None) -> types.ModuleType:
     """The module a control (or any other .py file: a mutant, a variant) stands for; cached in
     sys.modules under `name` (default `_control_<stem>`) so that its objects pickle to ranks."""
     path = Path(path)
-    name = name or f"_control_{path.stem}"
+    package = path.is_dir() or path.name == "__init__.py"  # a package (a mutant of 2.4's zero/): its folder
+    init = path / "__init__.py" if path.is_dir() else path
+    name = name or f"_control_{init.parent.name if package else path.stem}"
     if name in sys.modules:
         return sys.modules[name]
-    control = read(path) if is_control(path) else None
+    control = read(path) if not package and is_control(path) else None
     if control is None or not control.spliced:
         import importlib.util
-        spec = importlib.util.spec_from_file_location(name, path)
+        where = {"submodule_search_locations": [str(init.parent)]} if package else {}
+        spec = importlib.util.spec_from_file_location(name, init, **where)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         try:
@@ -389,13 +472,14 @@ def load(path: Path, name: str | None = None) -> types.ModuleType:
         linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
     module = types.ModuleType(name, None)
     module.__file__ = str(path)
-    module.__package__ = control.package  # relative imports resolve in the reference's package
+    # relative imports resolve in the reference's package (a package's own: in itself)
+    module.__package__ = control.reference if control.is_package else control.package
     sys.modules[name] = module
-    units = [(control.imports, str(path), None), (plan.body, str(control.reference_path), plan.targets),
-             (list(plan.added.values()), str(path), None)]
+    units = [(control.imports, str(path), None, plan.flags), *plan.units,
+             (list(plan.added.values()), str(path), None, plan.flags)]
     try:
-        for statements, filename, targets in units:
-            code = compile(ast.Module(statements, []), filename, "exec", flags=plan.flags, dont_inherit=True)
+        for statements, filename, targets, flags in units:
+            code = compile(ast.Module(statements, []), filename, "exec", flags=flags, dont_inherit=True)
             exec(_refile(code, targets) if targets else code, module.__dict__)
     except BaseException:
         sys.modules.pop(name, None)
@@ -464,10 +548,17 @@ def _functions(obj) -> dict[str, types.CodeType]:
 
 def _module_differences(module: types.ModuleType, reference: types.ModuleType, own: str) -> set[str]:
     """Names of the reference's functions, classes and methods whose code the loaded module
-    changes ("f", "C", "C.m"); for a module of its own (`import *`), a name it lacks is no change."""
+    changes ("f", "C", "C.m"); for a module of its own (`import *`), a name it lacks is no change.
+    A package's are those of its files, helpers its __init__.py does not import included."""
     changed = set()
-    for name, value in vars(reference).items():
-        if not (inspect.isfunction(value) or inspect.isclass(value)) or getattr(value, "__module__", None) != own:
+    names = dict(vars(reference))
+    for sub in sorted(m for m in list(sys.modules) if m.startswith(own + ".")):
+        for name, value in vars(sys.modules[sub]).items():
+            names.setdefault(name, value)
+    for name, value in names.items():
+        origin = getattr(value, "__module__", None)
+        if not (inspect.isfunction(value) or inspect.isclass(value)) or not (
+                origin == own or (isinstance(origin, str) and origin.startswith(own + "."))):
             continue
         mine = getattr(module, name, None)
         if mine is value or (mine is None and not name.startswith("__")):
@@ -489,6 +580,34 @@ def _loads(tree: ast.AST) -> set[str]:
            {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
 
 
+def _reference_module_names(control) -> set[str]:
+    """The names an override control binds to its reference module (`from pkg import mod as _reference`)."""
+    names = set()
+    for node in control.tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module == control.package:
+            names |= {a.asname or a.name for a in node.names if f"{control.package}.{a.name}" == control.reference}
+        if isinstance(node, ast.Import):
+            names |= {a.asname for a in node.names if a.name == control.reference and a.asname}
+    return names
+
+
+def _patches_of_the_reference(control, label: str) -> list[str]:
+    """An override control that assigns to (or setattr's) its reference module: found from its source, before
+    it runs, since running it would patch the module every later test of the process imports."""
+    if control.spliced:
+        return []
+    mod_names, found = _reference_module_names(control), []
+    for sub in ast.walk(control.tree):
+        targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target] if isinstance(
+            sub, (ast.AugAssign, ast.AnnAssign)) else []
+        patched = [t for t in targets if isinstance(t, ast.Attribute) and getattr(t.value, "id", None) in mod_names]
+        if patched or (isinstance(sub, ast.Call) and getattr(sub.func, "id", None) == "setattr" and sub.args
+                       and getattr(sub.args[0], "id", None) in mod_names):
+            found.append(f"{label}, line {sub.lineno}: patches the reference module: write it as a spliced "
+                         "control, where the reference's callers meet the replacement")
+    return found
+
+
 def problems(path: Path) -> list[str]:
     """What makes a control dishonest or broken (empty when it is neither): see the docstring."""
     import importlib
@@ -497,6 +616,9 @@ def problems(path: Path) -> list[str]:
     label = path.name
     try:
         control = read(path)
+        patching = _patches_of_the_reference(control, label)
+        if patching:  # loading it would patch the reference module of this process (later tests would see it)
+            return patching
         module = load(path, f"_control_check_{path.stem}")
     except ControlError as exc:
         return [f"{label}: does not load: {str(exc).removeprefix(label).lstrip(':, ')}"]
@@ -506,7 +628,7 @@ def problems(path: Path) -> list[str]:
     finally:
         sys.modules.pop(f"_control_check_{path.stem}", None)
     reference = importlib.import_module(control.reference)
-    ref_tree = _reference_source(control.reference_path)[1]
+    ref_tree = _whole(_reference_parts(control.reference_path))
     ref_defs = definitions(ref_tree)
     found: list[str] = []
     if control.spliced:
@@ -535,30 +657,16 @@ def problems(path: Path) -> list[str]:
             for name in _bound_names(node) & {n for s in ref_tree.body for n in _bound_names(s)}:
                 found.append(f"{label}, line {node.lineno}: imports {name}, a name the reference binds itself")
     else:
-        declared, mod_names = set(), set()
+        declared, mod_names = set(), _reference_module_names(control)
         star = [n for n in control.tree.body if isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names)]
         if [n.module for n in star] != [control.reference]:
             found.append(f"{label}: imports * from {', '.join(str(n.module) for n in star) or 'nothing'}, "
                          f"not from its reference {control.reference} alone")
-        for node in control.tree.body:
-            if isinstance(node, ast.ImportFrom) and node.module == control.package:
-                mod_names |= {a.asname or a.name for a in node.names
-                              if f"{control.package}.{a.name}" == control.reference}
-            if isinstance(node, ast.Import):
-                mod_names |= {a.asname for a in node.names if a.name == control.reference and a.asname}
         for sub in ast.walk(control.tree):
             if isinstance(sub, ast.Call) and getattr(sub.func, "id", None) in ("exec", "compile"):
                 found.append(f"{label}, line {sub.lineno}: splices source text itself: write it as a spliced "
                              "control (EDITS, or the definitions it replaces)")
                 break
-        for sub in ast.walk(control.tree):
-            targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target] if isinstance(
-                sub, (ast.AugAssign, ast.AnnAssign)) else []
-            patched = [t for t in targets if isinstance(t, ast.Attribute) and getattr(t.value, "id", None) in mod_names]
-            if patched or (isinstance(sub, ast.Call) and getattr(sub.func, "id", None) == "setattr" and sub.args
-                           and getattr(sub.args[0], "id", None) in mod_names):
-                found.append(f"{label}, line {sub.lineno}: patches the reference module: write it as a spliced "
-                             "control, where the reference's callers meet the replacement")
         for node in control.tree.body:
             name = _name_of(node)
             if name is None or name in HEADER:

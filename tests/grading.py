@@ -4,7 +4,11 @@ Three kinds of implementation can stand behind an exercise:
 
   solution  solutions/<phase>/<module>.py           (the reference; `pytest` grades this)
   learner   <learner root>/<phase>/<module>.py      (templates you fill in)
-  file      any .py file, e.g. a negative control   (a deliberately buggy variant)
+  file      any .py file, e.g. a negative control   (a deliberately buggy variant), or a
+            package folder (a mutant of 2.4's zero/)
+
+An exercise's module may be a package, <phase>/<module>/__init__.py with one file per part
+(2.4's zero/: one per stage); it is graded as one module: what its __init__.py imports.
 
 A test asks for one exercise (`grade("1.2")`) and gets a picklable `ModuleRef` that
 ranks in other processes can load too. Loading a learner's module rebinds whatever it
@@ -112,6 +116,20 @@ def exercise_of_test(test_name: str) -> str | None:
     return f"{m.group(1)}.{m.group(2)}" if m else None
 
 
+def module_file(base: Path, module: str) -> Path:
+    """The file of `module` in the folder `base`: <module>.py, or <module>/__init__.py where the
+    module is a package (2.4's zero/, one file per stage)."""
+    package = base / module / "__init__.py"
+    return package if package.is_file() else base / f"{module}.py"
+
+
+def module_files(path: Path) -> list[Path]:
+    """Every file of the module whose file is `path`: itself, or for a package's __init__.py
+    each .py of its folder, in name order."""
+    path = Path(path)
+    return sorted(path.parent.glob("*.py")) if path.name == "__init__.py" else [path]
+
+
 class WrongCodeLoaded(RuntimeError):
     """The module that Python found is not the one we were asked to grade."""
 
@@ -129,10 +147,11 @@ class ModuleRef:
 
     def path(self) -> Path:
         ex = EXERCISES[self.exercise]
-        if self.kind == "file":
-            return Path(self.location)
+        if self.kind == "file":  # a file, or a package's folder
+            location = Path(self.location)
+            return location / "__init__.py" if location.is_dir() else location
         base = Path(self.location) / ("solutions" if self.kind == "solution" else "") / ex.phase
-        return base / f"{ex.module}.py"
+        return module_file(base, ex.module)
 
     def load(self) -> ModuleType:
         ex = EXERCISES[self.exercise]
@@ -179,7 +198,13 @@ def _learner_package(root: Path, phase: str) -> str:
     return name
 
 
-_PHASE_MODULE = re.compile(r"^(?:_learner_)?(?P<phase>phase\d+_\w+)(?:\.(?P<module>\w+))?$")
+_PHASE_MODULE = re.compile(r"^(?:_learner_)?(?P<phase>phase\d+_\w+)(?:\.(?P<module>\w+)(?P<sub>(?:\.\w+)*))?$")
+# `sub`: a module inside an exercise's package (phase2_advanced.zero.stage3)
+
+
+def _inside(name: str, module: str) -> bool:
+    """`name` is the module `module` or one of its package's (`_learner_phase2_advanced.zero.stage1`)."""
+    return name == module or name.startswith(module + ".")
 
 
 def _use_reference_for_other_exercises(module: ModuleType) -> None:
@@ -188,7 +213,8 @@ def _use_reference_for_other_exercises(module: ModuleType) -> None:
     A learner's phase-2 file may import their own phase-1 code (`from
     phase1_data_parallel.trainer import sync_gradients`) or a sibling exercise (`from
     .zero import ...`, loaded as `_learner_phase2_advanced.zero`): both become
-    `solutions.<phase>.<module>`, so grading one exercise never runs another's code."""
+    `solutions.<phase>.<module>`, so grading one exercise never runs another's code. What
+    comes from `module`'s own package (an exercise made of files: 2.4's zero/) stays."""
     own = module.__name__
     for attr, value in list(vars(module).items()):
         if isinstance(value, ModuleType):
@@ -197,10 +223,11 @@ def _use_reference_for_other_exercises(module: ModuleType) -> None:
             origin = getattr(value, "__module__", None)
         else:
             continue
-        match = _PHASE_MODULE.match(origin) if isinstance(origin, str) and origin != own else None
+        match = _PHASE_MODULE.match(origin) if isinstance(origin, str) and not _inside(origin, own) else None
         if match is None:
             continue
-        reference_name = f"solutions.{match['phase']}" + (f".{match['module']}" if match["module"] else "")
+        reference_name = f"solutions.{match['phase']}" + (f".{match['module']}{match['sub']}" if match["module"]
+                                                           else "")
         try:
             ref_module = importlib.import_module(reference_name)
         except ModuleNotFoundError as exc:
@@ -259,7 +286,7 @@ def _reference_import(own: str):
         match = _PHASE_MODULE.match(target)
         if match is None:
             return None
-        phase, module = match["phase"], match["module"]
+        phase, module, sub = match["phase"], match["module"], match["sub"]
         if module is None:  # from <phase package> import a, b: each must be a module of the reference
             if not fromlist or (own_key and own_key[0] == phase and own_key[1] in fromlist):
                 return None
@@ -268,9 +295,9 @@ def _reference_import(own: str):
                                           for item in fromlist):
                 return None  # a module of the learner's own: theirs
             return package
-        if (phase, module) == own_key:  # the graded module itself, not a second copy of its file
-            return sys.modules.get(own) if fromlist else None
-        reference = _reference_module(f"solutions.{phase}.{module}")
+        if (phase, module) == own_key:  # the graded module itself, not a second copy of its file; a file
+            return sys.modules.get(own) if fromlist and not sub else None  # of its own package: the learner's
+        reference = _reference_module(f"solutions.{phase}.{module}{sub}")
         if reference is None:
             return None
         # `from x.y import z` gets x.y; `import x.y` binds x, whose attribute y is then used
@@ -460,10 +487,11 @@ def format_table(rows: list[dict]) -> str:
     for r in rows:
         status = r["status"].upper()
         lines.append(f"{r['exercise']:<9}{status:<8}{r['passed']:>3}/{r['tests']:<3} {r['title']}")
+        width = max([17] + [len(part["part"]) + 1 for part in r.get("parts", [])])  # a long name keeps a space
         for part in r.get("parts", []):
             count = (f"0 of {part['collected']} run" if not part["tests"] else f"{part['passed']}/{part['tests']}"
                      + (f" ({part['tests']} of {part['collected']} run)" if part["tests"] < part["collected"] else ""))
-            lines.append(f"{'':11}{part['part']:<17}{part['status'].upper():<9}{count}")
+            lines.append(f"{'':11}{part['part']:<{width}}{part['status'].upper():<9}{count}")
         note = _coverage_note(r)
         if note:
             lines.append(f"{'':17}  {note}")
@@ -548,38 +576,44 @@ class GradedFunction:
 def graded_functions(exercise: str) -> tuple[GradedFunction, ...]:
     """The functions of exercise `exercise`'s reference that hold one of its EXERCISE regions,
     in file order; with the names a test may use for them (e.g. the keys of a module-level
-    dict of strategies), which of them each calls, and the hints of its regions."""
+    dict of strategies), which of them each calls, and the hints of its regions. A package's
+    files (2.4's zero/) are read in name order, as one module."""
     ex = EXERCISES[exercise]
-    path = REPO_ROOT / "solutions" / ex.phase / f"{ex.module}.py"
+    path = module_file(REPO_ROOT / "solutions" / ex.phase, ex.module)
     if not path.exists():
         return ()
-    source = path.read_text()
-    tree = ast.parse(source)
-    markers = {}
-    for i, line in enumerate(source.splitlines(), start=1):
-        m = re.match(rf"\s*# EXERCISE {re.escape(exercise)}: (?P<hint>.+?)\s*$", line)
-        if m:
-            markers[i] = m["hint"]
-    defs: list[tuple[str, ast.AST]] = []
+    trees: list[ast.Module] = []
+    chosen: dict[str, ast.AST] = {}
+    order: dict[str, tuple[int, int]] = {}  # name -> (file, line): file order
+    hints: dict[str, list[str]] = {}
 
-    def visit(node: ast.AST, prefix: str) -> None:
+    def visit(node: ast.AST, prefix: str, defs: list) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 if not isinstance(child, ast.ClassDef):
                     defs.append((prefix + child.name, child))
-                visit(child, f"{prefix}{child.name}.")
+                visit(child, f"{prefix}{child.name}.", defs)
             else:
-                visit(child, prefix)
+                visit(child, prefix, defs)
 
-    visit(tree, "")
-    chosen: dict[str, ast.AST] = {}
-    hints: dict[str, list[str]] = {}
-    for line, hint in markers.items():
-        around = [(n, d) for n, d in defs if d.lineno <= line <= d.end_lineno]
-        if around:
-            name, node = min(around, key=lambda item: item[1].end_lineno - item[1].lineno)
-            chosen.setdefault(name, node)
-            hints.setdefault(name, []).append(hint)
+    for index, file in enumerate(module_files(path)):
+        source = file.read_text()
+        tree = ast.parse(source)
+        trees.append(tree)
+        markers = {}
+        for i, line in enumerate(source.splitlines(), start=1):
+            m = re.match(rf"\s*# EXERCISE {re.escape(exercise)}: (?P<hint>.+?)\s*$", line)
+            if m:
+                markers[i] = m["hint"]
+        defs: list[tuple[str, ast.AST]] = []
+        visit(tree, "", defs)
+        for line, hint in markers.items():
+            around = [(n, d) for n, d in defs if d.lineno <= line <= d.end_lineno]
+            if around:
+                name, node = min(around, key=lambda item: item[1].end_lineno - item[1].lineno)
+                chosen.setdefault(name, node)
+                order.setdefault(name, (index, node.lineno))
+                hints.setdefault(name, []).append(hint)
     short = {name: name.rsplit(".", 1)[-1] for name in chosen}
     shared = {n for n in short.values() if list(short.values()).count(n) > 1}
     # a method is named by its own name too where that is unambiguous and no dunder ("dump" is
@@ -587,14 +621,14 @@ def graded_functions(exercise: str) -> tuple[GradedFunction, ...]:
     aliases = {name: [name] + ([short[name]] if short[name] != name and not short[name].startswith("__")
                                and short[name] not in shared else [])
                for name in chosen}
-    for node in tree.body:  # STRATEGIES = {"ring": allreduce_ring, ...}: "ring" names allreduce_ring
+    for node in (n for tree in trees for n in tree.body):  # STRATEGIES = {"ring": allreduce_ring, ...}: "ring"
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
             for key, value in zip(node.value.keys, node.value.values):
                 if isinstance(key, ast.Constant) and isinstance(key.value, str) and isinstance(value, ast.Name) \
                         and value.id in chosen:
                     aliases[value.id].append(key.value)
     result = []
-    for name, node in sorted(chosen.items(), key=lambda item: item[1].lineno):
+    for name, node in sorted(chosen.items(), key=lambda item: order[item[0]]):
         owner = name.rsplit(".", 1)[0] if "." in name else None
         called = set()
         for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
@@ -794,13 +828,17 @@ _WAIT_LINE = re.compile(r"\s*rank \d+: ")  # a deadlock's "rank N: file:line in 
 
 
 def _in_graded_file(file: str, graded: Path | None, module: str | None) -> bool:
-    """A frame of the graded code: its file is the graded file (`graded`, when the caller knows it),
-    else (not known) a file of the graded module's name, which the reference's has too."""
+    """A frame of the graded code: its file is the graded file (`graded`, when the caller knows it; a
+    package's __init__.py: any file of its folder), else (not known) a file of the graded module's
+    name, which the reference's has too (`module`: "sampler.py", or "zero/" for a package)."""
     if graded is not None:
         try:
-            return Path(file).resolve() == graded
+            path = Path(file).resolve()
+            return path == graded or (graded.name == "__init__.py" and path.parent == graded.parent)
         except (OSError, RuntimeError, ValueError):
             return False
+    if module is not None and module.endswith("/"):
+        return Path(file).parent.name == module[:-1]
     return Path(file).name == module
 
 
@@ -857,7 +895,11 @@ def failure_record(test: str, outcome: str, exc: BaseException | None, exercise:
             header, kept = kept[0], kept[1:]  # a header over a list of problems
         prefix = "" if isinstance(exc, AssertionError) else f"{type(exc).__name__}: "
         lines = [prefix + (kept[0] if kept else type(exc).__name__)] + kept[1:] if prefix else kept or [text]
-    module = f"{EXERCISES[exercise].module}.py" if exercise in EXERCISES else None
+    module = None
+    if exercise in EXERCISES:
+        ex = EXERCISES[exercise]
+        package = module_file(REPO_ROOT / "solutions" / ex.phase, ex.module).name == "__init__.py"
+        module = f"{ex.module}/" if package else f"{ex.module}.py"
     names = {f.name.rsplit(".", 1)[-1]: f.name for f in graded_functions(exercise)} if exercise in EXERCISES else {}
     graded_path = Path(graded).resolve() if graded else None
     stacks = getattr(exc, "stacks", None) if exc is not None else None

@@ -13,6 +13,7 @@ import traceback
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -86,6 +87,31 @@ def test_relative_imports_resolve_in_the_reference_package(fresh):
     assert module.Mailbox is model_split.Mailbox
 
 
+def test_a_package_reference_is_spliced_as_one_module(fresh):
+    """2.4's reference is a package (zero/, one file per stage): a control names a definition of any of its
+    files, the other files' code meets the replacement (memory.py's zero_state_bytes calls stage1.py's
+    partition_parameters), and every other definition is its own file's code; EDITS edit the file that
+    defines the name."""
+    import solutions.phase2_advanced.zero as reference
+
+    if Path(reference.__file__).name != "__init__.py":
+        pytest.skip("2.4's reference is no package")
+    folder = Path(reference.__file__).parent
+    path = fresh / "a_control.py"
+    path.write_text('"""A test\'s control."""\nEXERCISE = "2.4"\nCAUGHT_BY = ["test_2_4_memory_formula"]\n'
+                    'EDITS = {"ZeroStage3.reshard": [("resize_(0)", "resize_(1)")]}\n'
+                    "\n\ndef partition_parameters(numels, world_size):\n    raise ValueError('the control')\n")
+    module = controls.load(path)
+    with pytest.raises(ValueError, match="the control"):
+        module.zero_state_bytes(1, torch.nn.Linear(2, 2), 2)
+    assert module.zero_state_bytes.__code__.co_filename == str(folder / "memory.py")
+    assert module.ZeroStage3.reshard.__code__.co_filename == f"{folder / 'stage3.py'} (as a_control.py edits it)"
+    assert module.ZeroStage3.unshard.__code__.co_filename == str(folder / "stage3.py")
+    assert controls.same_code(module.ZeroStage3.unshard.__code__, reference.ZeroStage3.unshard.__code__)
+    assert controls.same_code(module._cast_floats.__code__, reference.flat._cast_floats.__code__)
+    assert controls.problems(path) == []
+
+
 @pytest.mark.parametrize("body, expected", [
     ('EDITS = {"_check": [("no such text", "x")]}\n',
      "does not load: EDITS['_check']: 'no such text' occurs 0 times in the reference's _check (expected 1): "
@@ -149,3 +175,15 @@ def test_a_control_that_cannot_load_is_broken_not_rejected(fresh, monkeypatch, c
     out = capsys.readouterr().out
     assert "BROKEN   1.2 allreduce_stale.py: does not load: EDITS['_check']" in out, out
     assert "REJECTED" not in out and "NOT honest" in out, out
+
+
+def test_checking_a_control_that_patches_its_reference_leaves_the_reference_as_it_was(fresh):
+    """The check finds the patch in the control's source and never runs it: run, it patched the reference
+    module of the pytest process, and a later graded test saw `OPS = ()` (CI: test_allreduce_rejects_bad_op)."""
+    import solutions.phase1_data_parallel.allreduce as reference
+
+    before = reference.OPS
+    found = controls.problems(_control(fresh, "from solutions.phase1_data_parallel import allreduce as _reference\n"
+                                              "from solutions.phase1_data_parallel.allreduce import *  # noqa: F401,F403\n"
+                                              "_reference.OPS = ()\n"))
+    assert any("patches the reference module" in p for p in found) and reference.OPS is before, found

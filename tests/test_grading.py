@@ -130,6 +130,20 @@ def test_make_template_replaces_exercise_bodies():
         "def f(x):\n    '''doc'''\n    raise NotImplementedError('TODO 9.9: add one')\n")
 
 
+def test_every_hint_is_within_the_cap():
+    """make_templates --check names a hint longer than HINT_CAP characters (its file and line; trailing blanks
+    do not count), so the rest of it goes to the guidelines' "Stuck?" section; every solution's hints are within it."""
+    cap = make_templates.HINT_CAP
+    source = (f"def f():\n    # EXERCISE 9.9: {'x' * cap}   \n    pass\n    # END EXERCISE\n"
+              f"    # EXERCISE 9.9: {'y' * (cap + 1)}\n    pass\n    # END EXERCISE\n")
+    found = make_templates.long_hints(source, "f.py")
+    assert len(found) == 1 and found[0].startswith("f.py:5: ") and f"has {cap + 1} characters" in found[0], found
+    too_long = [line for src, _ in make_templates.template_pairs()
+                for line in make_templates.long_hints(src.read_text(), src.relative_to(ROOT).as_posix())]
+    assert not too_long, "hints over the cap (move the detail to the guidelines' Stuck? section):\n" + \
+        "\n".join(too_long)
+
+
 @pytest.mark.parametrize("source", [
     "# EXERCISE 1.1: a\nx = 1\n",                                  # never closed
     "# END EXERCISE\n",                                            # closed, never opened
@@ -163,8 +177,9 @@ def test_templates_have_the_public_api_of_their_solutions():
 def test_every_exercise_has_markers_and_every_marker_an_exercise():
     marked = {}
     for src, _ in make_templates.template_pairs():
+        module = src.relative_to(ROOT / "solutions").parts[1].removesuffix(".py")  # a package's files: its name
         for ex in make_templates.exercise_ids(src.read_text()):
-            marked.setdefault(ex, []).append(src.stem)
+            marked.setdefault(ex, []).append(module)
     for ex_id, ex in grading.EXERCISES.items():
         if (ROOT / "solutions" / ex.phase).is_dir():
             assert ex.module in marked.get(ex_id, []), f"exercise {ex_id} has no EXERCISE marker in {ex.module}.py"

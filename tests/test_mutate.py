@@ -130,6 +130,32 @@ def test_verdicts_from_test_results():
     assert mutate.verdict([])[0] == "harness"
 
 
+def test_outcome_of_a_world_that_failed():
+    """A rank gloo aborted on collectives the ranks issued differently (its line on the captured stderr) is the
+    mutant failing, wherever the rank's innermost frame was; one that died in the mutant's file too; a rank that
+    died elsewhere, or a group whose ranks gloo could not connect (the world never formed), is no verdict."""
+    from common.launch import RankFailure, WorldError
+
+    mutant = "/tmp/mutants-x/mutant3.py"
+
+    def died(where: str) -> WorldError:
+        message = f"rank 0 was killed by signal 6 (SIGABRT) before reporting in {where}"
+        return WorldError(f"rank 0 of 3 raised ProcessDied: {message}", {0: RankFailure(0, "ProcessDied", message, "")})
+
+    abort = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  [enforce fail at "
+             "pair.cc:464] op.preamble.length <= op.nbytes. 240 vs 192. Received data size doesn't match expected "
+             "size. Is there a distributed collective mismatch in your code?\n")
+    in_a_wrapper = "/work/main/common/measure.py:139 in recorded (waiting inside distributed_c10d.py:all_reduce)"
+    assert mutate._outcome(died(in_a_wrapper), mutant, abort) == "crash"
+    assert mutate._outcome(died(in_a_wrapper), mutant, "") == "error"
+    assert mutate._outcome(died(f"{mutant}:12 in pull"), mutant, "") == "crash"
+    mesh = ("Gloo connectFullMesh failed with [pair.cc:561] Connection closed by peer [127.0.0.1]:57998. This is "
+            "typically caused by a remote worker crashing.")
+    no_world = WorldError(f"rank 1 of 2 raised RuntimeError: {mesh}", {1: RankFailure(1, "RuntimeError", mesh, "")})
+    assert mutate._outcome(no_world, mutant, "") == "error"
+    assert mutate._outcome(AssertionError("rank 0: expected 3, got 4"), mutant, "") == "fail"
+
+
 def test_sample_is_deterministic():
     mutants = _mutants()
     chosen = mutate.sample(mutants, 5, seed=0)
@@ -224,3 +250,33 @@ def test_the_whole_list_check_reuses_the_mutants_already_made():
     entries["solutions/phase1_data_parallel/sampler.py:1:drop:00000000"] = mutate.Entry(
         "solutions/phase1_data_parallel/sampler.py:1:drop:00000000", "equivalent", "a stale one", 0)
     assert mutate._check_whole_list(entries, {"1.1": made}) == mutate._check_whole_list(entries) != []
+
+
+def test_a_file_of_an_exercise_package_is_mutated_in_a_copy_of_the_whole_package(tmp_path):
+    """2.4 is a package (zero/, one file per stage): a mutant of one of its files keeps the imports of the
+    package's own files and loads as a copy of the whole package, so every stage (and what calls the mutated
+    code from another file) is there; the unmutated copy loads the same way."""
+    sys.path.insert(0, str(grading.REPO_ROOT / "tests"))
+    import controls
+
+    mutants = mutate.mutants_of("2.4")
+    files = {m.file for m in mutants}
+    if not all(f.startswith("solutions/phase2_advanced/zero/") for f in files):
+        pytest.skip("2.4 is no package")
+    stage3 = next(m for m in mutants if m.file.endswith("/stage3.py"))
+    assert stage3.package == "solutions/phase2_advanced/zero"
+    assert "from .flat import" in stage3.source, "an import of the package's own file stays relative"
+    path = mutate._write_loadable(tmp_path, "mutant1", stage3.file, stage3.source)
+    original = mutate._write_loadable(tmp_path, "original_2_4_zero", stage3.file)
+    assert path.is_dir() and (path / "stage3.py").read_text() == stage3.source
+    assert (original / "stage3.py").read_text() == (grading.REPO_ROOT / stage3.file).read_text()
+    try:
+        module = controls.load(path)
+        ref = grading.ModuleRef("2.4", "file", str(path))
+        assert ref.path() == path / "__init__.py" and ref.load() is module
+        assert {"ZeroStage1", "ZeroStage2", "ZeroStage3", "zero_state_bytes"} <= set(vars(module))
+        assert module.ZeroStage3.__module__ == "_control_mutant1.stage3"
+        assert module.STAGES[3] is module.ZeroStage3, "the package's other files meet the mutated one"
+    finally:
+        for name in [m for m in sys.modules if m.startswith("_control_mutant1")]:
+            del sys.modules[name]

@@ -33,6 +33,7 @@
     python tools/check_grading.py              # all phases
     python tools/check_grading.py --phase 1    # one phase
     python tools/check_grading.py --phase 2 --only zero_ --no-templates   # some controls only
+    python tools/check_grading.py --phase 2 --only 2.4    # one exercise: its controls, its tests on the templates
 """
 
 from __future__ import annotations
@@ -80,9 +81,12 @@ def run_pytest(test_file: Path, extra: list[str], timeout: float = 900) -> dict:
         return json.loads(report.read_text())
 
 
-def check_templates(test_file: Path) -> list[str]:
-    outcomes = run_pytest(test_file, ["--impl", "learner"])["tests"]
-    graded = {k: v for k, v in outcomes.items() if grading.exercise_of_test(k.split("::")[-1])}
+def check_templates(test_file: Path, exercises: list[str] | None = None) -> list[str]:
+    """Every graded test of `test_file` (only those of `exercises`, if given) reports TODO on the templates."""
+    only = ["-k", " or ".join(f"test_{ex.replace('.', '_')}_" for ex in exercises)] if exercises else []
+    outcomes = run_pytest(test_file, ["--impl", "learner", *only])["tests"]
+    graded = {k: v for k, v in outcomes.items() if grading.exercise_of_test(k.split("::")[-1])
+              and (not exercises or grading.exercise_of_test(k.split("::")[-1]) in exercises)}
     if not graded:
         return [f"{test_file.name}: no graded test ran"]
     bad = [f"{k}: {v} on the untouched templates (expected todo)" for k, v in graded.items() if v != "todo"]
@@ -143,21 +147,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase", type=int, action="append", help="only these phases (repeatable)")
     parser.add_argument("--jobs", type=int, default=2, help="pytest sessions at once")
     parser.add_argument("--only", action="append", metavar="TEXT",
-                        help="only the controls whose file name contains TEXT (repeatable)")
+                        help="only the controls whose file name contains TEXT, or whose exercise is TEXT (an "
+                             "exercise id such as 2.4 also limits the template check to its tests); repeatable")
     parser.add_argument("--no-templates", action="store_true", help="skip the check of the templates")
     args = parser.parse_args(argv)
     os.environ.setdefault("COURSE_WORLD_TIMEOUT", "60")
     templates, controls = [], []
+    exercises = [text for text in args.only or [] if text in grading.EXERCISES]
     for test_file in sorted((REPO_ROOT / "tests").glob("test_phase*.py")):
         if not test_file.stem.removeprefix("test_phase").isdigit():
             continue
         phase = int(test_file.stem.removeprefix("test_phase"))
         if args.phase and phase not in args.phase:
             continue
-        if not args.no_templates:
+        if not args.no_templates and (not exercises or any(ex.split(".")[0] == str(phase) for ex in exercises)):
             templates.append(test_file)
-        controls += [(test_file, read_control(p)) for p in sorted((CONTROLS / f"phase{phase}").glob("*.py"))
-                     if not args.only or any(text in p.name for text in args.only)]
+        read = [read_control(p) for p in sorted((CONTROLS / f"phase{phase}").glob("*.py"))]
+        controls += [(test_file, c) for c in read
+                     if not args.only or any(text in c["path"].name or text == c["EXERCISE"] for text in args.only)]
     # One session per exercise's controls (a session's start, mostly `import torch`, costs
     # more than many a control), the largest first; one pool for every check of every phase,
     # so no slot idles while a slow one ends a phase.
@@ -167,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         if control["path"].name not in broken:  # a control that does not load rejects nothing
             groups.setdefault((test_file, control["EXERCISE"]), []).append(control)
     jobs = [(check_controls, (test_file, group)) for (test_file, _), group in
-            sorted(groups.items(), key=lambda item: -len(item[1]))] + [(check_templates, (f,)) for f in templates]
+            sorted(groups.items(), key=lambda item: -len(item[1]))] + [(check_templates, (f, exercises)) for f in templates]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for result in pool.map(lambda job: job[0](*job[1]), jobs):
             failures += result

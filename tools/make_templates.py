@@ -1,7 +1,7 @@
 """Write the learner's templates from the reference solutions.
 
     python tools/make_templates.py            # regenerate phaseN_*/ *.py from solutions/
-    python tools/make_templates.py --check    # CI: fail if a committed template differs
+    python tools/make_templates.py --check    # CI: fail if a committed template differs, or a hint is too long
     python tools/make_templates.py --force    # also overwrite exercise regions holding your code
                                               # (each such file is first copied to <file>.bak-<time>)
 
@@ -25,6 +25,13 @@ phase's reference, `from solutions.phase1_data_parallel.trainer import sync_grad
 becomes `from phase1_data_parallel.trainer import sync_gradients` in the template, so the
 learner's phase-2 code runs on their own phase-1 code (the grader rebinds it to the
 reference, so one exercise is still graded alone).
+
+The hint cap (part of --check): the hint of every `# EXERCISE x.y: <hint>` line of every
+solution file, i.e. the text after "# EXERCISE x.y: " with its trailing blanks stripped,
+which the template raises as "TODO x.y: <hint>", is at most HINT_CAP = 120 characters
+(len() of the str: characters, not bytes). A hint states the contract and one pointer; the
+rest (the API, the recipe) belongs in that exercise's "Stuck?" section of the phase's
+guidelines.md. The hint stays on its marker line, so shortening it moves no line.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = REPO_ROOT / "solutions"
 
 BEGIN = re.compile(r"^(?P<indent>\s*)# EXERCISE (?P<id>\d+\.\d+): (?P<hint>.+?)\s*$")
+HINT_CAP = 120  # characters of a hint (see the module's docstring)
 END = re.compile(r"^\s*# END EXERCISE\s*$")
 STUB = re.compile(r"""^\s*raise NotImplementedError\((?P<q>['"])TODO (?P<id>\d+\.\d+): .*(?P=q)\)\s*$""")
 
@@ -99,6 +107,14 @@ def make_template(source: str, filename: str = "<solution>") -> str:
     return text
 
 
+def long_hints(source: str, filename: str = "<solution>") -> list[str]:
+    """One line per hint of `source` longer than HINT_CAP characters, naming its file, line and length."""
+    return [f"{filename}:{lineno}: the hint of TODO {m['id']} has {len(m['hint'])} characters (at most {HINT_CAP}: "
+            "the contract and one pointer; the rest goes to its \"Stuck?\" section of the guidelines)"
+            for lineno, m in enumerate(map(BEGIN.match, source.splitlines()), start=1)
+            if m and len(m["hint"]) > HINT_CAP]
+
+
 def exercise_ids(source: str) -> set[str]:
     return {m["id"] for m in map(BEGIN.match, source.splitlines()) if m}
 
@@ -151,8 +167,9 @@ def main(argv: list[str] | None = None, root: Path = REPO_ROOT) -> int:
     parser.add_argument("--force", action="store_true",
                         help="also overwrite templates whose exercise regions hold your code (a copy is kept)")
     args = parser.parse_args(argv)
-    stale, writes, learner = [], [], {}
+    stale, writes, learner, too_long = [], [], {}, []
     for src, dst in template_pairs():
+        too_long += long_hints(src.read_text(), src.relative_to(REPO_ROOT).as_posix())
         dst = root / dst.relative_to(REPO_ROOT)
         name = dst.relative_to(root).as_posix()
         expected = make_template(src.read_text(), str(src.relative_to(REPO_ROOT)))
@@ -181,13 +198,19 @@ def main(argv: list[str] | None = None, root: Path = REPO_ROOT) -> int:
         dst.parent.mkdir(parents=True, exist_ok=True)
         dst.write_text(expected)
         print(f"wrote {name}")
+    if args.check and too_long:
+        print("\n".join(too_long))
+        print(f"\n{len(too_long)} hint(s) longer than {HINT_CAP} characters: shorten them in the solutions "
+              "(tools/make_templates.py says the rule)")
     if stale:
         mine = f" ({len(learner)} of them hold learner code: {_describe(learner)})" if learner else ""
         print(f"\n{len(stale)} template(s) differ from their solutions{mine}: "
               "run `python tools/make_templates.py` and commit")
         return 1
+    if args.check and too_long:
+        return 1
     if args.check:
-        print("templates are up to date")
+        print("templates are up to date, every hint within the cap")
     return 0
 
 

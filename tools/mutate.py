@@ -28,7 +28,9 @@ The change is spliced into the file's text (comments, markers and line numbers s
 mutant whose text does not parse back to exactly the intended tree, does not compile, or
 is the same program as the original or as another mutant is dropped. Relative imports
 (`from .allreduce import ...`) become absolute, since the mutant is loaded from a temporary
-folder. Each mutant has a stable id, `FILE:LINE:OPERATOR:HASH` (HASH: of the mutated
+folder; a file of an exercise that is a package (2.4's zero/, one file per stage) is loaded
+in a copy of its whole package, which keeps the imports of the package's own files. Each
+mutant has a stable id, `FILE:LINE:OPERATOR:HASH` (HASH: of the mutated
 line(s), so an edit elsewhere in the file keeps it, save for the line number).
 
 Every mutant runs the exercise's graded tests (every test_x_y_* of tests/test_phaseN.py)
@@ -36,18 +38,20 @@ through the negative-control machinery of tests/conftest.py (`pytest --controls`
 mutants of one phase in one pytest session, with the course's world deadline
 (COURSE_WORLD_TIMEOUT, 60 s here as in tools/check_grading.py; --world-timeout). The
 session also runs the unmutated file (copied the same way) first; it must pass every
-test, or the run stops. A mutant stops running tests at its first failure. Verdicts:
+test (one that failed only by harness errors runs again once), or the run stops. A mutant stops running tests at its first failure. Verdicts:
 
     killed      a graded test failed (an assertion, an exception, a deadlock ended by the
                 world deadline, or a rank that died in the mutant's own code, e.g. torch
-                aborting on a call the mutant made)
+                aborting on a call the mutant made, or gloo aborting a rank on collectives
+                the ranks issued differently, "Received data size doesn't match")
     timed out   a test ran past this tool's own limit outside any world (an endless loop in
                 the test process: max(--test-timeout, 10 x the test's time on the original)),
                 or ran out of memory (--memory-gb: an endless loop that allocates); it counts
                 as detected, as in other mutation tools
     survived    every graded test passed
-    harness     no verdict (a rank died elsewhere without reporting, or a world could not
-                start in time): run again once, then listed apart and left out of the score.
+    harness     no verdict (a rank died elsewhere without reporting, a world could not start
+                in time, or gloo could not connect a group's ranks, "connectFullMesh failed"):
+                run again once, then listed apart and left out of the score.
                 A session that dies between tests runs again from the mutant it was on.
 
     score = (killed + timed out) / (mutants - equivalent - harness)
@@ -121,9 +125,9 @@ CI_WORLD_TIMEOUT = 30.0  # the worlds sampled need a few seconds (4.4's shared w
 
 
 def exercise_files(exercise: str) -> list[Path]:
-    """The reference solution files holding a region of `exercise`."""
+    """The reference solution files holding a region of `exercise` (a package's files too: 2.4's zero/)."""
     found = []
-    for path in sorted((REPO_ROOT / "solutions").glob("phase*/*.py")):
+    for path, _ in make_templates.template_pairs():
         if exercise in make_templates.exercise_ids(path.read_text()):
             found.append(path)
     if not found:
@@ -156,6 +160,7 @@ class Mutant:
     change: str  # "old -> new", for people
     digest: str
     source: str = dataclasses.field(repr=False, default="")  # the whole mutated file, ready to load
+    package: str = ""  # a file of this exercise package (repo-relative folder): loaded in a copy of it
 
     @property
     def id(self) -> str:
@@ -310,11 +315,12 @@ def _span(node: ast.AST, starts: list[int]) -> tuple[int, int]:
     return starts[node.lineno - 1] + node.col_offset, starts[node.end_lineno - 1] + node.end_col_offset
 
 
-def _absolute_imports(source: str, package: str) -> list[tuple[int, int, str]]:
-    """Edits that make `from .x import y` absolute (`package` is e.g. solutions.phase1_data_parallel)."""
+def _absolute_imports(source: str, package: str, keep: int = 0) -> list[tuple[int, int, str]]:
+    """Edits that make `from .x import y` absolute (`package` is e.g. solutions.phase1_data_parallel);
+    those of at most `keep` levels stay (inside an exercise package, loaded as a copy of it)."""
     starts, edits = _line_starts(source.encode()), []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and node.level:
+        if isinstance(node, ast.ImportFrom) and node.level > keep:
             base = package.split(".")
             base = base[: len(base) - (node.level - 1)]
             module = ".".join(base + ([node.module] if node.module else []))
@@ -330,15 +336,17 @@ def _splice(data: bytes, edits: list[tuple[int, int, str]]) -> bytes:
     return data
 
 
-def mutants_of_source(source: str, exercise: str, file: str, package: str | None = None) -> list[Mutant]:
+def mutants_of_source(source: str, exercise: str, file: str, package: str | None = None, keep: int = 0
+                      ) -> list[Mutant]:
     """Every mutant of `exercise`'s regions in one file's text, in file order; `file` names it in
-    the ids; `package` (e.g. solutions.phase1_data_parallel) makes its relative imports absolute."""
+    the ids; `package` (e.g. solutions.phase1_data_parallel) makes its relative imports absolute,
+    but for those of at most `keep` levels (a file of an exercise package: see _package_of)."""
     tree = ast.parse(source)
     original = ast.dump(tree)
     data = source.encode()
     starts = _line_starts(data)
     spans = [(begin, end) for ex, begin, end in regions(source) if ex == exercise]
-    imports = _absolute_imports(source, package) if package else []
+    imports = _absolute_imports(source, package, keep) if package else []
     seen = {original}
     mutants: list[Mutant] = []
     for path, node, parent in list(_walk(tree)):
@@ -383,7 +391,7 @@ def mutants_of_source(source: str, exercise: str, file: str, package: str | None
                 continue
             old = " ".join(data[start:end].decode().split())
             mutants.append(Mutant(exercise, file, target.lineno, operator, f"{_short(old)} -> {_short(candidate)}",
-                                  digest, whole))
+                                  digest, whole, _package_of(file)))
     return mutants
 
 
@@ -392,13 +400,50 @@ def _short(text: str, limit: int = 70) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _package_of(rel: str | Path) -> str:
+    """The exercise package (repo-relative folder, solutions/phaseN_x/<package>) that solution file `rel`
+    belongs to; "" for a module of a phase folder."""
+    parts = Path(rel).parts
+    return str(Path(*parts[:3])) if len(parts) > 3 and parts[0] == "solutions" else ""
+
+
+def _levels_kept(rel: str | Path) -> int:
+    """How many levels of relative imports stay relative in a copy of solution file `rel`: those that
+    stay inside its exercise package (0 for a module of a phase folder)."""
+    return len(Path(rel).parts) - 3 if _package_of(rel) else 0
+
+
+def _copy_text(rel: str | Path) -> str:
+    """Solution file `rel` as a copy of it loads: its relative imports absolute (see _levels_kept)."""
+    text = (REPO_ROOT / rel).read_text()
+    package = ".".join(Path(rel).parent.parts)
+    return _splice(text.encode(), _absolute_imports(text, package, _levels_kept(rel))).decode()
+
+
+def _write_loadable(folder: Path, name: str, rel: str, source: str | None = None) -> Path:
+    """A loadable copy, named `name` in `folder`, of solution file `rel` with the text `source` (a
+    mutant's; None: the file's own): the file, or for a file of an exercise package a copy of the
+    whole package with it. Returns what a control loads: the file, or the package's folder."""
+    package = _package_of(rel)
+    if not package:
+        path = folder / f"{name}.py"
+        path.write_text(_copy_text(rel) if source is None else source)
+        return path
+    for src in sorted((REPO_ROOT / package).rglob("*.py")):
+        rel_src = src.relative_to(REPO_ROOT)
+        dst = folder / name / src.relative_to(REPO_ROOT / package)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_text(source if source is not None and rel_src == Path(rel) else _copy_text(rel_src))
+    return folder / name
+
+
 def mutants_of(exercise: str) -> list[Mutant]:
     """Every mutant of an exercise's regions, over the solution files that hold them."""
     found = []
     for path in exercise_files(exercise):
         rel = path.relative_to(REPO_ROOT)
         package = ".".join(rel.parent.parts)
-        found += mutants_of_source(path.read_text(), exercise, str(rel), package)
+        found += mutants_of_source(path.read_text(), exercise, str(rel), package, _levels_kept(rel))
     return found
 
 
@@ -432,9 +477,8 @@ def variants_of(paths: list[str]) -> list[Mutant]:
         if exercise not in grading.EXERCISES:
             raise SystemExit(f"--variants: {path}: no exercise (put it in a folder named x.y, or set EXERCISE)")
         ex = grading.EXERCISES[exercise]
-        solution = Path("solutions") / ex.phase / f"{ex.module}.py"
-        package = ".".join(solution.parent.parts)
-        source = _splice(text.encode(), _absolute_imports(text, package)).decode()
+        solution = grading.module_file(Path("solutions") / ex.phase, ex.module)  # a package's: its __init__.py
+        source = _splice(text.encode(), _absolute_imports(text, f"solutions.{ex.phase}")).decode()
         kind = "correct" if path.name.startswith("correct") else "wrong"
         found.append(Mutant(exercise, str(solution), 0, kind, str(path),
                             hashlib.sha1(f"{path.resolve()}\0{text}".encode()).hexdigest()[:8], source))
@@ -682,30 +726,37 @@ def _run_phase(phase: str, group: list[Mutant], tests: dict[str, list[str]], arg
     test_file = REPO_ROOT / "tests" / f"test_phase{phase}.py"
     with tempfile.TemporaryDirectory(prefix="mutants-") as folder:
         controls, names = [], {}
-        # the unmutated files first: the tests must pass on a copy loaded this way
-        for ex in sorted({m.exercise for m in group}):
-            for rel in sorted({m.file for m in group if m.exercise == ex}):
-                original = REPO_ROOT / rel
-                package = ".".join(Path(rel).parent.parts)
-                text = _splice(original.read_bytes(), _absolute_imports(original.read_text(), package)).decode()
-                name = f"original_{ex.replace('.', '_')}_{original.stem}"
-                (Path(folder) / f"{name}.py").write_text(text)
-                controls.append({"name": name, "exercise": ex, "path": str(Path(folder) / f"{name}.py"),
-                                 "caught_by": tests[ex], "world_timeout": args.world_timeout})
+        # the unmutated files first (a package: once, whole): the tests must pass on a copy loaded this way
+        originals = {}
+        for m in group:
+            originals.setdefault((m.exercise, _package_of(m.file) or m.file), m.file)
+        for (ex, copied), rel in sorted(originals.items()):
+            name = f"original_{ex.replace('.', '_')}_{Path(copied).stem}"
+            path = _write_loadable(Path(folder), name, rel)
+            controls.append({"name": name, "exercise": ex, "path": str(path),
+                             "caught_by": tests[ex], "world_timeout": args.world_timeout})
         for i, m in enumerate(group, start=1):
             name = f"mutant{i}"
             names[name] = m
-            (Path(folder) / f"{name}.py").write_text(m.source)
-            controls.append({"name": name, "exercise": m.exercise, "path": str(Path(folder) / f"{name}.py"),
+            if m.package:  # a file of an exercise package: in a copy of the package
+                path = _write_loadable(Path(folder), name, m.file, m.source)
+            else:
+                path = Path(folder) / f"{name}.py"
+                path.write_text(m.source)
+            controls.append({"name": name, "exercise": m.exercise, "path": str(path),
                              "caught_by": tests[m.exercise], "world_timeout": args.world_timeout})
         started = time.time()
         print(f"phase {phase}: {len(group)} mutants, one pytest session ({test_file.name})", flush=True)
         results = run_session(test_file, controls, args)
         retry = [c for c in controls if c["name"] in names and verdict(results.get(c["name"], []))[0] == "harness"]
-        if retry:
-            print(f"phase {phase}: {len(retry)} mutants without a verdict (harness error): once more", flush=True)
+        # an unmutated file whose only failures are harness errors (a world that did not form) runs again too
+        unsure = [c for c in controls if c["name"] not in names
+                  and verdict(results.get(c["name"], []))[0] == "harness" and results.get(c["name"])]
+        if retry or unsure:
+            print(f"phase {phase}: {len(retry)} mutants, {len(unsure)} unmutated files without a verdict (harness "
+                  "error): once more", flush=True)
             again = run_session(test_file, [c for c in controls if c["name"] not in names] + retry, args)
-            results.update({c["name"]: again.get(c["name"], []) for c in retry})
+            results.update({c["name"]: again.get(c["name"], []) for c in retry + unsure})
         for c in controls:
             if c["name"] in names:
                 continue
@@ -840,7 +891,14 @@ def pytest_runtest_call(item):
         outcome.force_exception(MutantTimeout("ran out of memory (--memory-gb): an endless loop that allocates?"))
 
 
-def _outcome(exc: BaseException | None, mutant_path: str) -> str:
+_NO_WORLD = "connectFullMesh failed"  # gloo could not connect the ranks of a group: the world never formed
+
+
+def _outcome(exc: BaseException | None, mutant_path: str, stderr: str = "") -> str:
+    """The outcome of a failed test of a mutant: timeout, crash (a rank died in the mutant's own code, or gloo
+    aborted it on a collective the ranks issued differently), deadlock, fail, or error (no verdict: a rank died
+    elsewhere, a world did not start, or gloo could not connect a group's ranks). `stderr`: the test's captured
+    stderr, where gloo's abort line lands (as tests/conftest.py reads it)."""
     import grading
     seen = set()
     e = exc
@@ -849,8 +907,18 @@ def _outcome(exc: BaseException | None, mutant_path: str) -> str:
         if isinstance(e, MutantTimeout):
             return "timeout"
         e = e.__cause__ or e.__context__
+    e, seen = exc, set()
+    while e is not None and id(e) not in seen:  # the world (or a group) never formed: a busy machine, no verdict
+        seen.add(id(e))
+        if _NO_WORLD in str(e):
+            return "error"
+        e = e.__cause__ or e.__context__
     death = grading.harness_error_of(exc)
     if death:  # a rank that died in the mutant's own code (e.g. torch aborting on its call) was killed by it
+        if grading.collective_mismatch_of(exc, stderr):  # gloo aborted it: the ranks' collectives disagree
+            return "crash"
+        if os.path.isdir(mutant_path):  # a package's copy: any of its files
+            mutant_path = os.path.join(mutant_path, "")
         return "crash" if mutant_path in death else "error"
     e = exc
     while e is not None:
@@ -874,7 +942,7 @@ def pytest_runtest_makereport(item, call):
     if not (report.when == "call" or report.failed):
         return
     exc = call.excinfo.value if call.excinfo else None
-    result = "pass" if report.passed else _outcome(exc, control["path"])
+    result = "pass" if report.passed else _outcome(exc, control["path"], report.capstderr)
     if control["name"].startswith("original_") and report.when == "call":
         _baseline[_key(item)] = report.duration
     message = ""
@@ -997,9 +1065,8 @@ def main(argv: list[str] | None = None) -> int:
             note = f"  [{entry.kind}: {entry.reason}]" if entry else ""
             print(f"{m.id}  {m.change}{note}")
             if args.diff:
-                original = (REPO_ROOT / m.file).read_text()
-                base = _splice(original.encode(), _absolute_imports(original, ".".join(Path(m.file).parent.parts)))
-                print("".join(difflib.unified_diff(base.decode().splitlines(True), m.source.splitlines(True),
+                base = _copy_text(m.file)
+                print("".join(difflib.unified_diff(base.splitlines(True), m.source.splitlines(True),
                                                    m.file, m.id, n=1)))
         for ex in exercises:
             print(f"{ex}: {len(generated[ex])} mutants, {len([m for m in chosen if m.exercise == ex])} chosen")

@@ -418,15 +418,6 @@ FIXED = ("optimizer", "amp", "synthetic_size", "parallel", "model_ema")
 
 
 def changed_hyperparameters(saved: dict, cfg: TrainConfig) -> dict[str, tuple[Any, Any]]:
-    """{field: (value in the checkpoint's config, value now)} for every field that changes
-    what the run computes (not its identity, not OPERATIONAL) and differs."""
-    now = dataclasses.asdict(cfg)
-    return {name: (saved[name], now[name]) for name in now
-            if name in saved and name not in OPERATIONAL and name not in IDENTITY and saved[name] != now[name]}
-
-
-
-def changed_hyperparameters(saved: dict, cfg: TrainConfig) -> dict[str, tuple[Any, Any]]:
     """{flag name: (value in the checkpoint's config, value now)} for every option that
     changes what the run computes (not its identity, not OPERATIONAL) and differs. `saved`:
     the checkpoint's config, flat (TrainConfig.flat())."""
@@ -480,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     Parsed values are None unless given on the command line, so a recipe's values are
     overridden only by flags the user actually typed; their names (`dest`) are the flags'."""
     parser = _Parser(
-        prog="python -m solutions.phase4_production.train",
+        prog=f"python -m {__package__.rpartition('.')[0]}.train",  # the learner's copy: phase4_production.train
         description="Fault-tolerant data-parallel trainer (ResNet/ViT; digits, synthetic, CIFAR-10, ImageNet). "
                     "The same command starts, restarts and resumes a run.",
         argument_default=argparse.SUPPRESS)

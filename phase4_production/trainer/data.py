@@ -42,7 +42,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from common.data import CIFAR10_MEAN, CIFAR10_STD, DATASET_SHAPES, IMAGENET_MEAN, IMAGENET_STD, get_dataset
 from phase4_production.elastic import BatchPlan, ElasticSampler, plan_batches, rank_share
-from phase4_production.trainer import augment
+from phase4_production.trainer import augment, data_checks
 from phase4_production.trainer.device_stage import BatchMixing, DeviceBatches, InputStage
 from phase4_production.trainer.lifecycle import kill_workers_at_exit, loader_worker_init
 
@@ -59,12 +59,17 @@ class Inputs:
     sample_shape: tuple[int, ...]  # a training sample as the model sees it (ImageNet: the crop)
     classes: int
     mix: BatchMixing | None        # --mixup-alpha/--cutmix-alpha
+    identity: dict | None = None   # what the splits are (data_checks.identity)
 
     def progress(self) -> dict:
-        """The data position, for a checkpoint's progress (world-size free: 4.3)."""
-        return {"data": self.sampler.state_dict()}
+        """The data position, for a checkpoint's progress (world-size free: 4.3), and the
+        dataset it is a position in."""
+        return {"data": self.sampler.state_dict(), **({"dataset": self.identity} if self.identity else {})}
 
     def restore(self, progress: dict) -> None:
+        """Continue from a checkpoint's position; ValueError (one line) if its dataset is not this one."""
+        if self.identity:
+            data_checks.refuse_changed(progress.get("dataset"), self.identity, progress.get("step", 0))
         self.sampler.load_state_dict(progress["data"])
 
 
@@ -78,6 +83,8 @@ def build_inputs(data, seed: int, device: torch.device, rank: int, world: int, f
     train_set, test_set, shape, classes = build_datasets(
         data.dataset, data.data_root, data.image_size, data.synthetic_size, data.train_crop_size,
         data.val_resize_size, data.val_crop_size, data.decode, data.auto_augment, data.random_erase)
+    identity = data_checks.identity(train_set, test_set)
+    test_set = data_checks.held_out(train_set, test_set, rank)  # no test sample the model trains on
     plan = plan_batches(data.global_batch, world, data.micro_batch or data.global_batch)
     sampler = ElasticSampler(len(train_set), data.global_batch, seed=seed)
     pin = device.type == "cuda"
@@ -93,7 +100,8 @@ def build_inputs(data, seed: int, device: torch.device, rank: int, world: int, f
                                      data.loader_timeout),
                          InputStage(device, stats, data.decode, False, test_crop, resize), device, flight)
     return Inputs(train, test, sampler, plan, shape, (shape[0], crop, crop) if data.dataset == "imagenet" else shape,
-                  classes, BatchMixing(data.mixup_alpha, data.cutmix_alpha, classes, seed) if mixing else None)
+                  classes, BatchMixing(data.mixup_alpha, data.cutmix_alpha, classes, seed) if mixing else None,
+                  identity)
 
 
 class SyntheticImages(Dataset):
@@ -116,6 +124,11 @@ class SyntheticImages(Dataset):
         image = torch.from_numpy(draws.integers(0, 256, self.shape, dtype=np.uint8))
         return image, int(draws.integers(self.num_classes))
 
+
+# The synthetic test images' seed: sample i draws from seed * 1_000_003 + i, so a test seed of 1
+# made test sample i the training sample 1_000_003 + i of any set larger than that; this one
+# keeps the test draws apart from every training set of fewer than 10**12 samples.
+SYNTHETIC_TEST_SEED = 1_000_003
 
 # mean and std of a uniform byte in [0, 1] units: 127.5 / 255, sqrt((256^2 - 1) / 12) / 255
 SYNTHETIC_MEAN, SYNTHETIC_STD = (0.5,) * 3, (((256 ** 2 - 1) / 12) ** 0.5 / 255,) * 3
@@ -143,12 +156,14 @@ def build_datasets(dataset: str, data_root: str | None, image_size: int | None, 
     shape, classes = DATASET_SHAPES[dataset]
     if dataset == "synthetic" and image_size:
         train_set, test_set = (SyntheticImages(synthetic_size, image_size, classes, seed=0),
-                               SyntheticImages(max(synthetic_size // 4, 1), image_size, classes, seed=1))
+                               SyntheticImages(max(synthetic_size // 4, 1), image_size, classes,
+                                               seed=SYNTHETIC_TEST_SEED))
         shape = (3, image_size, image_size)
     elif dataset == "imagenet":
         crop, resize, test_crop = crop_sizes(dataset, image_size, train_crop, val_resize, val_crop)
         train_set = augment.imagenet(data_root, True, crop, resize, decode, auto_augment)
         test_set = augment.imagenet(data_root, False, test_crop, resize, decode)
+        data_checks.align_classes(train_set, test_set, classes)
         shape = (3, image_size or shape[-1], image_size or shape[-1])
     elif dataset == "cifar10":
         train_set = augment.cifar10(data_root, True, auto_augment)

@@ -51,7 +51,7 @@ def time_collective(
     """
     if iters < 1 or warmup < 0:
         raise ValueError(f"need iters >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
-    # EXERCISE 1.3: every rank returns the slowest rank's seconds per timed call (warm-up excluded, ranks start together, device work finished before each clock reading); see the guidelines' five rules
+    # EXERCISE 1.3: every rank returns the slowest rank's seconds per timed call, timed by the guidelines' five rules (section 1.3)
     wait_for_device = torch.cuda.synchronize if tensor.is_cuda else (lambda: None)
     for _ in range(warmup):
         fn(tensor)
@@ -81,7 +81,7 @@ def fit_alpha_beta(sizes_bytes: list[float], seconds: list[float]) -> tuple[floa
         raise ValueError("need timings for at least two different message sizes to fit alpha and beta")
     if min(seconds) <= 0:
         raise ValueError(f"timings must be positive, got {min(seconds)}")
-    # EXERCISE 1.3: the (alpha, beta) of the docstring's weighted least squares, computed in float64; pointer: dividing row i of [1, n_i] @ [alpha, beta] = t_i by t_i turns it into ordinary least squares
+    # EXERCISE 1.3: the (alpha, beta) of the docstring's weighted least squares, in float64; pointer: torch.linalg.lstsq
     n = torch.tensor(sizes_bytes, dtype=torch.float64)
     t = torch.tensor(seconds, dtype=torch.float64)
     design = torch.stack([torch.ones_like(n), n], dim=1) / t.unsqueeze(1)
@@ -103,7 +103,7 @@ def cost_terms(strategy: str, world_size: int) -> tuple[float, float]:
     p = world_size
     if p < 1:
         raise ValueError(f"world_size must be >= 1, got {p}")
-    # EXERCISE 1.3: count the latencies (a) and the n-byte transfers (b) on the critical path, as in the table of guidelines section 1.3; ValueError for an unknown strategy
+    # EXERCISE 1.3: count latencies (a) and n-byte transfers (b) on the critical path (table of section 1.3); ValueError: unknown strategy
     if strategy not in (*STRATEGIES, "ring", "halving_doubling"):
         raise ValueError(f"no cost model for strategy {strategy!r}")
     if p == 1:

@@ -47,7 +47,7 @@ class ShardSampler(Sampler[int]):
         seed: int = 0,
         drop_last: bool = False,
     ) -> None:
-        # EXERCISE 1.1: ValueError (with a clear message) for a bad world size, a rank outside the world or an empty dataset; set num_samples (indices per rank) and total_size (num_samples * num_replicas); pointer: drop_last decides whether n/p rounds up or down
+        # EXERCISE 1.1: ValueError for a bad world size, rank or empty dataset; set num_samples and total_size; pointer: drop_last rounds n/p
         if not isinstance(num_replicas, int) or num_replicas < 1:
             raise ValueError(f"num_replicas (world size) must be an integer >= 1, got {num_replicas!r}")
         if not isinstance(rank, int) or not 0 <= rank < num_replicas:
@@ -76,7 +76,7 @@ class ShardSampler(Sampler[int]):
         return self.num_samples
 
     def __iter__(self) -> Iterator[int]:
-        # EXERCISE 1.1: this rank's len(self) indices, in DistributedSampler's order for (seed, epoch), leaving the global RNG untouched; pointer: the module docstring's diagram
+        # EXERCISE 1.1: this rank's len(self) indices in DistributedSampler's order for (seed, epoch), global RNG untouched; see the diagram
         if self.shuffle:
             generator = torch.Generator()
             generator.manual_seed(self.seed + self.epoch)
@@ -113,7 +113,7 @@ def make_loader(
     trims the dataset so that the shards are equal; the loader still yields its last
     partial batch). Call `loader.sampler.set_epoch(epoch)` at the start of every epoch.
     """
-    # EXERCISE 1.1: a DataLoader that yields this rank's shard (as ShardSampler(shuffle, seed, drop_last) orders it) in batches of batch_size; pointer: DataLoader's sampler argument
+    # EXERCISE 1.1: a DataLoader yielding this rank's shard (ordered as ShardSampler orders it) in batches; pointer: DataLoader's sampler
     sampler = ShardSampler(dataset, world_size, rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler)
     # END EXERCISE

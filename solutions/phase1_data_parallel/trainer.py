@@ -49,7 +49,7 @@ def broadcast_parameters(model: nn.Module, src: int = 0) -> None:
     and buffers left out of the state_dict (persistent=False) too. In place: afterwards
     each is the same tensor, in the same storage, as before.
     """
-    # EXERCISE 1.4: afterwards every rank's parameters and buffers equal rank src's, in place and unrecorded by autograd; pointer: dist.broadcast
+    # EXERCISE 1.4: every rank's parameters and buffers become rank src's, in place, unrecorded by autograd; pointer: dist.broadcast
     with torch.no_grad():
         for tensor in list(model.parameters()) + list(model.buffers()):
             dist.broadcast(tensor, src=src)
@@ -66,7 +66,7 @@ def sync_gradients(model: nn.Module, local_batch_size: int, group: dist.ProcessG
     calls; a frozen one (requires_grad=False) is left alone, its .grad stays None. No host
     synchronisation: the weights stay tensors on the device.
     """
-    # EXERCISE 1.4: every trainable parameter's .grad becomes the docstring's weighted sum, identical on every rank of group; pointer: ranks do not know each other's n_r
+    # EXERCISE 1.4: each trainable .grad becomes the docstring's weighted sum, alike on all ranks of group; no rank knows the others' n_r
     params = [p for p in model.parameters() if p.requires_grad]
     count = torch.tensor([float(local_batch_size)], dtype=torch.float64, device=params[0].device)
     dist.all_reduce(count, group=group)
@@ -84,7 +84,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch
 
     The step's gradient is this batch's only: whatever .grad held before the call is not added in.
     """
-    # EXERCISE 1.4: the optimizer step one process would take on all ranks' batches together (cross-entropy, mean), and that batch's mean loss on every rank; pointer: sync_gradients
+    # EXERCISE 1.4: the step one process would take on all ranks' batches (mean cross-entropy), and their mean loss; pointer: sync_gradients
     optimizer.zero_grad(set_to_none=True)
     loss = F.cross_entropy(model(inputs), targets)
     loss.backward()

@@ -52,7 +52,7 @@ class CheckpointFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, run_function: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, *params: torch.Tensor):
-        # EXERCISE 2.3: keep x with ctx.save_for_backward and whatever backward needs to re-run run_function(x) as now (see the class docstring); return run_function(x) computed without building a graph. Pointer: CheckpointFunction.forward in torch/utils/checkpoint.py
+        # EXERCISE 2.3: save x and what backward needs to redo run_function(x) as now; return it computed with no graph; see CheckpointFunction
         ctx.run_function, ctx.params = run_function, params
         ctx.gpus = list(dict.fromkeys(t.device for t in (x, *params) if t.is_cuda))  # each device once
         ctx.cpu_rng_state = torch.get_rng_state()
@@ -67,7 +67,7 @@ class CheckpointFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
-        # EXERCISE 2.3: re-run run_function on a detached copy of the saved x, with grad and in forward's RNG and autocast state, leaving the global RNG streams as they were; return None for run_function, then dL/dx and dL/dparam for each input that needs it (ctx.needs_input_grad), None for the others. Pointer: torch.random.fork_rng
+        # EXERCISE 2.3: re-run run_function with grad on a detached saved x, in forward's RNG and autocast, RNG streams kept; see fork_rng
         (saved,) = ctx.saved_tensors
         # A fresh leaf: the recomputed graph must end here, not run on into earlier segments.
         x = saved.detach().requires_grad_(ctx.needs_input_grad[1])
@@ -94,7 +94,7 @@ def checkpoint_sequential(blocks: Sequence[nn.Module], segments: int, x: torch.T
     """
     blocks = list(blocks)
     ranges = balanced_ranges(len(blocks), segments, "blocks")  # 8 blocks, 3 segments: 0-2, 3-5, 6-7
-    # EXERCISE 2.3: run each range of blocks as one CheckpointFunction, feeding each segment's output to the next (what must the Function receive besides x? see its docstring)
+    # EXERCISE 2.3: run each range of blocks as one CheckpointFunction, each segment's output feeding the next (what else must it receive?)
     for part in ranges:
         segment = nn.Sequential(*blocks[part.start:part.stop])
         x = CheckpointFunction.apply(segment, x, *segment.parameters())

@@ -102,7 +102,7 @@ class LossScaler:
             raise RuntimeError("unscale_() was already called since the last update(): gradients would be divided twice")
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         device = grads[0].device if grads else optimizer.param_groups[0]["params"][0].device
-        # EXERCISE 2.2: divide the gradients by S in place; self._found_inf becomes a bool, the same on every rank of the process group (see torch.isfinite)
+        # EXERCISE 2.2: divide the gradients by S in place; self._found_inf := a bool, the same on every rank of the group; see torch.isfinite
         found = torch.zeros(1, device=device)
         inv_scale = 1.0 / self._scale
         for grad in grads:
@@ -170,7 +170,7 @@ def mixed_precision_step(model: nn.Module, optimizer: torch.optim.Optimizer, sca
     GradScaler's API). scaler=None (fine for bf16): plain backward and step.
     """
     device = torch.device(device)
-    # EXERCISE 2.2: one step as the docstring says: the forward autocast to autocast_dtype(device), the loss in float32 (section 2.2, "Stuck?")
+    # EXERCISE 2.2: one step as the docstring says: the forward autocast to autocast_dtype(device), the loss in float32; see torch.autocast
     optimizer.zero_grad(set_to_none=True)
     with torch.autocast(device_type=device.type, dtype=autocast_dtype(device)):
         logits = model(inputs)

@@ -198,7 +198,7 @@ class Mailbox:
         Returns the data's Delivery (waiting for it releases the header too).
         Raises ValueError for more than MAX_DIMS dims or a dtype not in DTYPES.
         """
-        # EXERCISE 2.5: send what the receiver needs to allocate the tensor (an int64 header of HEADER_LEN on activation.device, layout in the module docstring), then the activation itself; return the activation's Delivery
+        # EXERCISE 2.5: send an int64 header to allocate by (HEADER_LEN, module docstring), then the activation; return its Delivery
         if activation.dim() > MAX_DIMS or activation.dtype not in DTYPES:
             raise ValueError(f"can send activations of at most {MAX_DIMS} dims in {DTYPES}, "
                              f"got {activation.dtype} of shape {tuple(activation.shape)}")
@@ -210,7 +210,7 @@ class Mailbox:
 
     def recv_activation(self, src: int, device: torch.device) -> torch.Tensor:
         """Receive the header, allocate a tensor of that dtype and shape on `device`, receive into it."""
-        # EXERCISE 2.5: the mirror of send_activation: receive its header, then the activation into a new tensor of the dtype and shape the header names (self.recv fills a buffer you allocate)
+        # EXERCISE 2.5: send_activation's mirror: the header, then the activation into a new tensor of its dtype and shape (recv fills a buffer)
         header = self.recv(torch.empty(HEADER_LEN, dtype=torch.int64, device=device), src).tolist()
         dtype, ndim = DTYPES[header[0]], header[1]
         return self.recv(torch.empty(header[2 : 2 + ndim], dtype=dtype, device=device), src)
@@ -227,7 +227,7 @@ def forward_backward(stage: PipelineStage, inputs: torch.Tensor | None, targets:
     accumulated as loss.backward() does (two calls without zero_grad: the sum).
     Returns the loss (detached) on the last stage, None elsewhere.
     """
-    # EXERCISE 2.5: this rank's part of the step: autograd stops at each cut, so carry the activation forward and its gradient back by hand with a Mailbox (module docstring; guidelines 2.5, "Stuck?"); flush before returning
+    # EXERCISE 2.5: this rank's part of the step: autograd stops at each cut: carry activations forward, gradients back, by Mailbox; flush
     box = Mailbox()
     device = stage.device
     if stage.is_first:

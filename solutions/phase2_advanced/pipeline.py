@@ -163,7 +163,7 @@ def gpipe_schedule(num_stages: int, num_microbatches: int) -> Schedule:
     memory and gradients); every stage must use the same one (messages pair in order).
     Raises ValueError unless both arguments are integers >= 1.
     """
-    # EXERCISE 2.6: validate with _check_settings; every stage runs all its forwards, then all its backwards (the GPipe picture in the module docstring)
+    # EXERCISE 2.6: validate with _check_settings; every stage runs all its forwards, then all its backwards (the docstring's GPipe picture)
     _check_settings(num_stages, num_microbatches)
     forwards = [("F", j) for j in range(num_microbatches)]
     backwards = [("B", j) for j in reversed(range(num_microbatches))]
@@ -180,7 +180,7 @@ def one_f_one_b_schedule(num_stages: int, num_microbatches: int) -> Schedule:
     (torch's Schedule1F1B rejects m < p, since 1F1B then saves no memory.)
     Raises ValueError unless both arguments are integers >= 1.
     """
-    # EXERCISE 2.6: validate with _check_settings; each stage's list as the docstring says: warm-up, one F one B, drain (the 1F1B picture in the module docstring; guidelines 2.6, "Stuck?")
+    # EXERCISE 2.6: validate with _check_settings; each stage's list: warm-up, one F one B, drain (the 1F1B picture in the module docstring)
     _check_settings(num_stages, num_microbatches)
     schedule = []
     for stage in range(num_stages):
@@ -271,7 +271,7 @@ def time_grid(schedule: Schedule, costs: dict[str, int] | None = None) -> Grid:
     virtual stage is on two ranks, a cost is not an integer >= 1, or the schedule deadlocks (no
     rank can move).
     """
-    # EXERCISE 2.6: validate with _check_schedule; step a clock: a free rank starts its next action once its dependencies are done; stuck: ValueError
+    # EXERCISE 2.6: validate (_check_schedule); tick a clock: a free rank starts its next action once its needs are done; stuck: ValueError
     rows, steps = _check_schedule(schedule, costs)
     num_ranks = len(rows)
     last = max([num_ranks - 1] + [k for row in rows for _, _, k in row])
@@ -338,7 +338,7 @@ def split_microbatches(batch: torch.Tensor, num_microbatches: int) -> list[torch
     raises ValueError unless num_microbatches is an integer >= 1 that divides len(batch).
     The batch is left unchanged.
     """
-    # EXERCISE 2.6: ValueError unless num_microbatches is an integer >= 1 that divides len(batch); then m equal consecutive views along dim 0 (torch.Tensor.chunk)
+    # EXERCISE 2.6: ValueError unless num_microbatches is an int >= 1 dividing len(batch); then m equal dim-0 views; see torch.Tensor.chunk
     if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) or num_microbatches < 1:
         raise ValueError(f"num_microbatches must be an integer >= 1, got {num_microbatches!r}")
     if len(batch) % num_microbatches:
@@ -387,7 +387,7 @@ def run_pipeline(actions: list[Action], stage: PipelineStage | Sequence[Pipeline
     stages, listed = _stages_and_actions(stage, actions)
     first = next(iter(stages))
     num_microbatches = _check_actions(actions, f"stage {first}" if len(stages) == 1 else "this rank", first)
-    # EXERCISE 2.6: walk the actions with 2.5's Mailbox: receive (or take from this rank), post queued sends, compute, queue sends; a split B computes the input gradient only, its W the weights'; wait for each Delivery once surely delivered; flush (guidelines 2.6, "Stuck?")
+    # EXERCISE 2.6: walk the actions with 2.5's Mailbox: receive, post queued sends, compute, queue sends; split: B makes dL/dx, W the rest
     box = Mailbox()
     split = {(k, j) for kind, j, k in listed if kind == "W"}
     held = {}  # (k, j) -> (input, output or loss / m) of F(j) on stage k, kept until its backward (W) is done

@@ -367,7 +367,7 @@ class ParallelSelfAttention(nn.Module):
     @torch.no_grad()
     def copy_from_full_(self, attn: SelfAttention) -> ParallelSelfAttention:
         """Copy this rank's heads: per-head rows of qkv (see the class docstring), out as a RowParallelLinear."""
-        # EXERCISE 2.7: self.qkv := the rows of this rank's heads from EACH of W_q, W_k, W_v (weight and bias; the class docstring's layout); self.out from attn.out
+        # EXERCISE 2.7: self.qkv := this rank's heads' rows of EACH of W_q, W_k, W_v (weight, bias; the docstring's layout); self.out: attn.out
         rank, world = _tp(self.qkv.group)
 
         def my_heads(t: torch.Tensor) -> torch.Tensor:  # (3E, ...) -> (3E/p, ...)

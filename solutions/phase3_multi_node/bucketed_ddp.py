@@ -49,7 +49,7 @@ def assign_buckets(params: Sequence[torch.Tensor], cap_bytes: int) -> list[list[
 
     assign_buckets([a(40 B), b(40 B), c(120 B), d(20 B)], 80) == [[3, 2], [1, 0]]
     """
-    # EXERCISE 3.2: the docstring's rule exactly (reverse order, one open bucket per (dtype, device), close at >= cap_bytes, leftovers in opening order)
+    # EXERCISE 3.2: the docstring's rule exactly (reverse order, one open bucket per (dtype, device), close at >= cap_bytes, then leftovers)
     if cap_bytes < 1:
         raise ValueError(f"cap_bytes must be >= 1, got {cap_bytes}")
     closed: list[list[int]] = []
@@ -120,7 +120,7 @@ class BucketedDDP(nn.Module):
     def _build_buckets(self, cap_bytes: int) -> None:
         """self.buckets = assign_buckets(parameters, cap_bytes); a flat buffer per bucket, allocated
         once; a gradient hook on every parameter in a bucket (register_post_accumulate_grad_hook)."""
-        # EXERCISE 3.2: each parameter's slot is a view of its bucket's flat buffer, shaped like the parameter; its hook calls self._grad_ready(its index)
+        # EXERCISE 3.2: each parameter's slot: a view of its bucket's flat buffer shaped like it; its hook calls self._grad_ready(its index)
         self.params = list(self.module.parameters())
         self.buckets = assign_buckets(self.params, cap_bytes)
         self.flats: list[torch.Tensor] = []
@@ -172,7 +172,7 @@ class BucketedDDP(nn.Module):
 
     def _grad_ready(self, i: int) -> None:
         """Parameter i's gradient is accumulated (its hook): into its bucket; launch what is complete."""
-        # EXERCISE 3.2: nothing unless the forward prepared a sync; on the first gradient, queue the final callback (Variable._execution_engine.queue_callback); copy into the slot; launch complete buckets in bucket order
+        # EXERCISE 3.2: only if forward prepared a sync: queue the final callback once, copy into the slot, launch complete buckets in order
         if not self.sync_prepared or self.ready[i]:
             return
         if not self.callback_queued:
@@ -206,7 +206,7 @@ class BucketedDDP(nn.Module):
 
     def _finish_backward(self) -> None:
         """End of backward (the queued callback): launch the rest, wait, .grad = the bucket views."""
-        # EXERCISE 3.2: buckets still incomplete (parameters without a gradient) are launched too; wait for every all-reduce before backward returns; each .grad becomes its averaged slot; ready for the next backward
+        # EXERCISE 3.2: launch incomplete buckets too, wait for every all-reduce; each .grad becomes its averaged slot; reset for the next pass
         for i in self.slots:
             if not self.ready[i]:
                 self._mark_ready(i)

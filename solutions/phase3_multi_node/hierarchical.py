@@ -121,7 +121,7 @@ def hierarchical_all_reduce(tensor: torch.Tensor, groups: NodeGroups, op: str = 
         raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
     if op == "avg" and not (tensor.is_floating_point() or tensor.is_complex()):
         raise TypeError(f"op='avg' needs a floating dtype, got {tensor.dtype} (use op='sum')")  # as 3.1's ring
-    # EXERCISE 3.3: reduce-scatter in the node, all-reduce your shard across nodes, all-gather in the node (pad to a multiple of the node size)
+    # EXERCISE 3.3: reduce-scatter in the node, all-reduce your shard across nodes, all-gather in the node (pad to a multiple of node size)
     k, numel = groups.topology.ranks_per_node, tensor.numel()
     shard = math.ceil(numel / k)
     padded = torch.zeros(shard * k, dtype=tensor.dtype, device=tensor.device)

@@ -55,7 +55,7 @@ def send_recv(to_send: torch.Tensor, dst: int, to_recv: torch.Tensor, src: int, 
 def ring_neighbours(group=None) -> tuple[int, int, int, int]:
     """(r, p, previous, next): this rank's rank r in `group`, the group's size p, and the
     GLOBAL ranks of group ranks (r - 1) % p and (r + 1) % p (what send/recv take as peers)."""
-    # EXERCISE 3.1: the neighbours are group ranks (r - 1) % p and (r + 1) % p, but send/recv take global ranks (in the group [1, 2, 3], group rank 2 is global rank 3); pointer: dist.get_global_rank
+    # EXERCISE 3.1: the neighbours: group ranks (r - 1) % p and (r + 1) % p, as global ranks for send/recv; pointer: dist.get_global_rank
     group = group if group is not None else dist.group.WORLD
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     if rank < 0:
@@ -70,7 +70,7 @@ def ring_reduce_scatter(tensor: torch.Tensor, op: str = "sum", group=None) -> to
     _check(tensor, op)
     if not tensor.is_contiguous():  # the ring works on a flat view; dist.all_reduce accepts these too
         return tensor.copy_(ring_reduce_scatter(tensor.contiguous(), op, group))
-    # EXERCISE 3.1: p - 1 steps; in each, send one chunk to a neighbour and add the chunk received from the other into your copy, chosen so that group rank r ends with chunk r complete; one receive buffer per call, not per step; avg divides once; pointer: send_recv, above
+    # EXERCISE 3.1: p - 1 steps, each sending a chunk on and adding the one received: group rank r ends with chunk r complete; see send_recv
     rank, size, previous, following = ring_neighbours(group)
     chunks = torch.tensor_split(tensor.view(-1), size)
     # Each chunk travels in the same number of pieces (sender and receiver agree on them),
@@ -98,7 +98,7 @@ def ring_all_gather(tensor: torch.Tensor, group=None) -> torch.Tensor:
     of group rank c's tensor, on every rank. Returns `tensor`."""
     if not tensor.is_contiguous():
         return tensor.copy_(ring_all_gather(tensor.contiguous(), group))
-    # EXERCISE 3.1: p - 1 steps; in each, pass on to a neighbour the chunk you got last (your own first), receiving straight into the chunk where it belongs; pointer: ring_neighbours
+    # EXERCISE 3.1: p - 1 steps, each passing on the chunk you got last (your own first), received right into its place; see ring_neighbours
     rank, size, previous, following = ring_neighbours(group)
     chunks = torch.tensor_split(tensor.view(-1), size)
     for step in range(size - 1):
@@ -111,7 +111,7 @@ def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None) -> torch.
     """The contract of `dist.all_reduce(tensor, op, group)` (SUM or AVG), as a ring:
     reduce-scatter, then all-gather. In place; returns `tensor`."""
     _check(tensor, op)
-    # EXERCISE 3.1: bitwise the same result on every rank: each chunk is reduced once, by its owner, then copied to the others; pointer: the two functions above
+    # EXERCISE 3.1: bitwise the same result on every rank: each chunk is reduced once, by its owner, then copied to the others; see above
     ring_reduce_scatter(tensor, op, group)
     ring_all_gather(tensor, group)
     # END EXERCISE

@@ -78,7 +78,7 @@ def capture_rng() -> dict[str, Any]:
     CUDA device's once CUDA is initialised in this process (one that never used CUDA has
     drawn nothing from it). Nothing in it is a numpy object (torch.load with weights_only=True
     accepts it)."""
-    # EXERCISE 4.1: the state of every generator a training step draws from (python, numpy, torch, CUDA), as tensors and plain values; see np.random.get_state
+    # EXERCISE 4.1: the state of each generator a step draws from (python, numpy, torch, CUDA), as tensors and plain values; see get_state
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
         "python": random.getstate(),
@@ -241,7 +241,7 @@ def atomic_save(obj: Any, path: str | Path) -> None:
     """Write obj (torch.save) + footer to `path` so that `path` is never half-written: a
     temporary file in the same folder, flushed and fsynced, renamed, the folder fsynced.
     On any error the temporary file is removed and an existing `path` is untouched."""
-    # EXERCISE 4.1: `path` only ever names a complete file: temp in the same folder, body + footer, fsync, os.replace, fsync the folder (_HashingWriter, _fsync, _fsync_folder)
+    # EXERCISE 4.1: `path` only ever names a complete file: temp in the same folder, body + footer, fsync, os.replace, fsync the folder
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
@@ -342,7 +342,7 @@ class CheckpointManager:
         missing parent) is created when needed, each new folder's entry fsynced in its
         parent. Temporary files that killed writers left behind are removed (one writer per
         folder, one save at a time: any other temporary file is stale)."""
-        # EXERCISE 4.1: rank 0 alone writes (atomic_save) into its folder, made durably when new (_make_folder), and then removes all but the newest `keep`
+        # EXERCISE 4.1: rank 0 alone writes (atomic_save) into its folder, made durably when new (_make_folder), then keeps the newest `keep`
         rank, _ = _rank_and_world()
         if rank != 0:
             return None

@@ -231,7 +231,7 @@ def topk_hook(state: TopKState, bucket: dist.GradBucket) -> Future:
         if state.momentum or state.weight_decay:
             return allreduce_with_momentum(state, bucket)
         return allreduce_mean(buffer, group)
-    # EXERCISE 4.4: the docstring's average of every rank's top-k of its OWN accumulated gradient; v (and u) keep what was not sent; state.record your bytes; see dist.all_gather_single
+    # EXERCISE 4.4: the docstring's average of every rank's top-k of its OWN accumulated gradient; v (u) keep what was unsent; state.record
     world = group.size()
     for p, g in zip(bucket.parameters(), bucket.gradients()):
         decay = state.decay_of(p)
@@ -421,7 +421,7 @@ def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> Future:
     if state.iter < state.start_powerSGD_iter:
         state.record(bucket, buffer.numel() * buffer.element_size())
         return allreduce_mean(buffer, group)
-    # EXERCISE 4.4: bitwise what torch 2.14's powerSGD_hook returns (error feedback, warm start, its order of operations); split_bucket and BucketSplit.low_rank_views do the bookkeeping; guidelines 4.4 'Stuck?' lists the order
+    # EXERCISE 4.4: bitwise what torch 2.14's powerSGD_hook returns (error feedback, warm start, its order of operations); see split_bucket
     world = group.size()
     index = bucket.index()
     epsilon = state.orthogonalization_epsilon

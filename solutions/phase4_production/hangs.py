@@ -96,7 +96,7 @@ class CollectiveRecorder:
         self.capacity, self.timeout = int(capacity), float(timeout)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.dump_path = None if dump_path is None else str(dump_path).replace("{rank}", str(self.rank))
-        # EXERCISE 4.6: hold the newest `capacity` entries (a ring buffer: see collections.deque) and, per group, how many collectives were issued on it
+        # EXERCISE 4.6: hold the newest `capacity` entries and, per group, how many collectives were issued on it; see collections.deque
         self._entries: deque[dict[str, Any]] = deque(maxlen=self.capacity)
         self._issued: dict[tuple[int, ...], int] = {}
         # END EXERCISE
@@ -104,7 +104,7 @@ class CollectiveRecorder:
     def __call__(self, collective: Callable[..., Any], *args: Any, group: dist.ProcessGroup | None = None,
                  **kwargs: Any) -> None:
         """Issue `collective` on `group`, recorded, and wait for it at most `timeout` seconds."""
-        # EXERCISE 4.6: the entry is recorded before the collective is issued and the wait is bounded by self.timeout (see Work.wait); a failure is dumped, then raised as the docstring says
+        # EXERCISE 4.6: record the entry before issuing the collective; bound the wait by self.timeout (Work.wait); dump a failure, then raise
         ranks = tuple(sorted(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)))
         tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
         seq = self._issued.get(ranks, 0)
@@ -189,7 +189,7 @@ def diagnose(dumps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     Raises ValueError when `dumps` is empty, names a rank twice, disagrees on the world
     size, or lacks a rank of the world (a dump per rank is needed, as torchfrtrace needs).
     """
-    # EXERCISE 4.6: refuse dumps that are not one per rank of one world (ValueError); gather per group each rank's issued count and its entries by seq, and ask _first_divergence
+    # EXERCISE 4.6: ValueError unless one dump per rank of one world; per group: each rank's issued count, entries by seq; _first_divergence
     if not dumps:
         raise ValueError("diagnose needs every rank's dump, got none")
     sizes = {d["world_size"] for d in dumps}
@@ -225,7 +225,7 @@ def _first_divergence(group: list[int], issued: list[int], entries: dict[int, di
     """diagnose's finding for one group, or None if its ranks agree. issued[i]: how many
     collectives rank group[i] issued on the group; entries[rank][seq]: the entries of the
     group that rank's dump still holds (a rank may hold none)."""
-    # EXERCISE 4.6: the first seq where a rank never started it (issued <= seq) or holds another (op, dtype, shape) than the most common; an entry gone from a ring buffer is unknown, not missing
+    # EXERCISE 4.6: the first seq a rank never started (issued <= seq) or holds with another (op, dtype, shape); ring-dropped: unknown
     candidates = {seq for per_rank in entries.values() for seq in per_rank}
     if min(issued) < max(issued):  # someone never started #min(issued): nothing after it matters
         candidates = {seq for seq in candidates if seq < min(issued)} | {min(issued)}

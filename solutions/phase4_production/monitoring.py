@@ -202,7 +202,7 @@ def peak_flops(device_name: str) -> float | None:
     The row used is the first of PEAK_BF16_FLOPS whose every part is a whole token of the
     name, ignoring case; tokens are the runs of letters and digits ("A100-SXM4-40GB":
     A100, SXM4, 40GB), so "L4" does not match "NVIDIA L40" nor "H200" "NVIDIA GH200"."""
-    # EXERCISE 4.5: the first row of PEAK_BF16_FLOPS whose every part is a whole token of the name (runs of letters and digits, ignore case); see re.findall
+    # EXERCISE 4.5: the first row of PEAK_BF16_FLOPS each part of which is a whole token of the name (letters, digits, any case); re.findall
     tokens = set(re.findall(r"[A-Z0-9]+", device_name.upper()))
     for parts, flops in PEAK_BF16_FLOPS:
         if all(part.upper() in tokens for part in parts):
@@ -253,9 +253,10 @@ class StragglerDetector:
 
     A rank is a straggler when BOTH hold: busy_s > median * (1 + threshold) and busy_s -
     median > min_excess_s (the floor keeps scheduler noise on millisecond steps from naming
-    anyone; the ratio keeps a small wobble of long steps from naming anyone);
-    "phase" is where it lost the most time against the median. Busy time leaves out "comm":
-    time in a collective is waiting for the slowest rank, so it is the others' slowness.
+    anyone; the ratio keeps a small wobble of long steps from naming anyone). "phase" is the
+    key of "phases" ("other" too, never "comm") where it lost the most time against the median.
+    Busy time leaves out "comm": time in a collective is waiting for the slowest rank, so it is
+    the others' slowness.
     The median, not the mean: one very slow rank drags the mean up and hides a second one.
     "host" is socket.gethostname() on that rank, gathered once at construction. On the hot
     path: one all_gather of a small float64 tensor every `every` steps.
@@ -293,7 +294,7 @@ class StragglerDetector:
         comm = col.get("comm", [0.0] * len(per_rank))
         busy = [(s - c) / self.every for s, c in zip(col["step"], comm)]
         phases = {f: [v / self.every for v in col[f]] for f in self.fields if f not in ("step", "samples")}
-        # EXERCISE 4.5: score each rank's busy time against the median rank, name the ones past both thresholds (host, worst phase); global and per-rank samples/s
+        # EXERCISE 4.5: rank busy times against the median rank: name those past both thresholds (host, worst phase); global, per-rank samples/s
         median = statistics.median(busy)
         scores = [b / median if median > 0 else 1.0 for b in busy]
         stragglers = []
@@ -316,13 +317,14 @@ class StragglerDetector:
 
 
 def memory_stats(device: torch.device | str | None = None) -> dict[str, int]:
-    """Peak memory of this process, in bytes. On a CUDA device: {"peak_allocated_bytes"
-    (tensors), "peak_reserved_bytes" (the caching allocator's segments)} since the last
-    torch.cuda.reset_peak_memory_stats; otherwise {"peak_rss_bytes"} (the high-water mark
-    of the resident set, whole process, since it started: it does not drop when memory is
-    freed, unlike the current resident set, VmRSS)."""
+    """Peak memory of this process, in bytes. On a CUDA device, that device's (not the current
+    one's): {"peak_allocated_bytes" (tensors), "peak_reserved_bytes" (the caching allocator's
+    segments)} since the last torch.cuda.reset_peak_memory_stats; otherwise {"peak_rss_bytes"}
+    (the high-water mark of the resident set, whole process, since this program started: on
+    Linux VmHWM, which an exec starts afresh, unlike ru_maxrss; it does not drop when memory
+    is freed, unlike the current resident set, VmRSS)."""
     device = torch.device(device) if device is not None else torch.device("cpu")
-    # EXERCISE 4.5: torch.cuda.max_memory_allocated/reserved on CUDA; else the peak RSS in bytes (ru_maxrss is KiB on Linux, bytes on macOS)
+    # EXERCISE 4.5: torch.cuda.max_memory_allocated/reserved of `device` on CUDA; else the peak RSS in bytes (_peak_rss_bytes: VmHWM)
     if device.type == "cuda":
         return {"peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
                 "peak_reserved_bytes": torch.cuda.max_memory_reserved(device)}
@@ -353,7 +355,8 @@ class MetricsWriter:
     `path` may hold "{rank}": one file per rank, the safe choice (lines that several
     processes append to one file are not guaranteed to stay whole on every file system). Values
     that are 0-d tensors become numbers. With `tensorboard_dir`, numeric fields also go to
-    TensorBoard as scalars when the `tensorboard` package is installed (a warning, once, when
+    TensorBoard as scalars, SummaryWriter(log_dir=tensorboard_dir).add_scalar(tag, value, step)
+    of torch.utils.tensorboard, when the `tensorboard` package is installed (a warning, once, when
     it is not), tagged `<event>/<field>` when the record has an `event` field (`train/loss`,
     `eval/accuracy`, `checkpoint/seconds`: one chart per kind of record, so a save's seconds
     never share a chart with a step's), else `<field>`; on ranks other than 0, `/rank<rank>`

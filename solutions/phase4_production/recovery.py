@@ -71,7 +71,7 @@ class Attempt:
 def current_attempt() -> Attempt:
     """Who this process is now. Call it on every attempt (every call reads afresh): after a
     restart the rank and the world size may differ from the previous attempt's."""
-    # EXERCISE 4.2: read the rank and world size from the process group as it is now, and the restart count from torchrun's environment (TORCHELASTIC_RESTART_COUNT)
+    # EXERCISE 4.2: the rank and world size of the process group as it is now, and the restart count from TORCHELASTIC_RESTART_COUNT
     if dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
     else:
@@ -97,7 +97,7 @@ def resume(checkpoints: CheckpointManager, model, optimizer, scheduler=None, sca
     every rank loads the SAME step, the one rank 0 found (a shared file system may show
     the ranks different folder listings); rank 0's check of the file stands for all, so
     the others may load it without hashing it again. map_location defaults to the model's device."""
-    # EXERCISE 4.2: rank 0 finds the newest valid step (CheckpointManager.load_latest), every rank loads that same step; see dist.broadcast_object_list
+    # EXERCISE 4.2: rank 0 finds the newest valid step (CheckpointManager.load_latest), every rank loads that step; broadcast_object_list
     attempt = current_attempt()
     location = map_location if map_location is not None else _device_of(model)
     found = checkpoints.load_latest(location) if attempt.rank == 0 else None
@@ -126,7 +126,7 @@ def set_aside_newer(checkpoints: CheckpointManager, resumed: int | None) -> list
     and deleted as soon as it is written, and the next crash would start from scratch.
     Renamed, not deleted: kept for inspection. Call it after resume(), before the first save.
     """
-    # EXERCISE 4.2: on rank 0, rename (never delete) every checkpoint of checkpoints.steps() newer than `resumed` (all of them if None) to its name + CORRUPT_SUFFIX, so that keep-last-k stops counting it
+    # EXERCISE 4.2: on rank 0, rename (never delete) every checkpoint newer than `resumed` (all if None) to name + CORRUPT_SUFFIX
     if current_attempt().rank != 0:
         return []
     moved = []
@@ -451,7 +451,7 @@ def run_resumable(train_step: Callable[[StepContext], None], model, optimizer, c
     fresh start. Exceptions (a peer died inside a collective) propagate: torchrun then
     restarts the group.
     """
-    # EXERCISE 4.2: the docstring's contract, composed from resume, set_aside_newer, PreemptionHandler and the injector (begin_step before each step, saving() around each save); see the module docstring's diagram
+    # EXERCISE 4.2: the docstring's contract, from resume, set_aside_newer, PreemptionHandler and the injector; see the module's diagram
     if every < 1 or total_steps < 0:
         raise ValueError(f"every={every}, total_steps={total_steps}: need every >= 1 and total_steps >= 0")
     attempt = current_attempt()

@@ -1,5 +1,6 @@
-"""Contract of exercise 2.4 (zero.py's docstrings; guidelines 2.4): stages 0-2 wrapping any torch.optim optimizer
-with its options, stage 3's module wrapper with its compute dtype and replication threshold, the helpers."""
+"""Contract of exercise 2.4 (the docstrings of zero/, one file per stage; guidelines 2.4): stages 0-2 wrapping any
+torch.optim optimizer with its options, stage 3's module wrapper with its compute dtype and replication threshold,
+the helpers."""
 
 import torch
 

@@ -134,6 +134,14 @@ def _calls(log: CollectiveLog) -> list[tuple[str, bool]]:
 # ---------------------------------------------------------------- inside a rank
 
 
+def _bucket_storages(model, net: nn.Module) -> list:
+    """Per bucket of model.buckets (indices into list(net.parameters())): the storage address of each .grad
+    in it (None where .grad is None), as backward left them."""
+    params = list(net.parameters())
+    return [[None if params[i].grad is None else params[i].grad.untyped_storage().data_ptr() for i in bucket]
+            for bucket in model.buckets]
+
+
 def _scenario_train(mod, rank: int) -> dict:
     """3 SGD steps (momentum) of BucketedDDP and torch DDP on uneven batches; events of step 1."""
     ours_net, torch_net = _net(seed=rank), _net(seed=rank)  # different on every rank: broadcast decides
@@ -159,7 +167,8 @@ def _scenario_train(mod, rank: int) -> dict:
                 events.append(("backward returned",))
         recording[0] = False
         _loss(ref, step, rank).backward()
-        steps.append({"ours": _grads(ours_net), "torch": _grads(torch_net), "calls": _calls(log)})
+        steps.append({"ours": _grads(ours_net), "torch": _grads(torch_net), "calls": _calls(log),
+                      "storages": _bucket_storages(ours, ours_net)})
         for opt in opts:
             opt.step()
     return {"after_init": after_init, "steps": steps, "events": events,
@@ -392,9 +401,24 @@ def _scenario_mixed(mod, rank: int) -> dict:
             "unwrapped_calls": _calls(log)}
 
 
+_HALF_GRAD = 30000.0  # float16's largest finite value is 65504: the mean of 3 such gradients fits, their sum does not
+
+
+def _scenario_half(mod, rank: int) -> dict:
+    """A float16 Linear(1, 1) without bias, input _HALF_GRAD on every rank: each rank's gradient is _HALF_GRAD;
+    BucketedDDP and torch DDP."""
+    ours_net, torch_net = nn.Linear(1, 1, bias=False).half(), nn.Linear(1, 1, bias=False).half()
+    ours, ref = mod.BucketedDDP(ours_net), DDP(torch_net)
+    x = torch.full((1, 1), _HALF_GRAD, dtype=torch.float16)
+    ours(x).sum().backward()
+    ref(x).sum().backward()
+    return {"ours": _grads(ours_net), "torch": _grads(torch_net)}
+
+
 _SCENARIOS = {"train": _scenario_train, "no_sync": _scenario_no_sync, "unused": _scenario_unused,
               "unused_accumulated": _scenario_unused_accumulated, "late_delivery": _scenario_late_delivery,
-              "subgroup": _scenario_subgroup, "tied_frozen": _scenario_tied_frozen, "mixed": _scenario_mixed}
+              "subgroup": _scenario_subgroup, "tied_frozen": _scenario_tied_frozen, "mixed": _scenario_mixed,
+              "half": _scenario_half}
 
 
 def _ddp_rank(ref: grading.ModuleRef) -> dict:
@@ -547,6 +571,40 @@ def test_3_2_all_reduce_launched_during_backward(grade):
                             f"return with the gradients reduced. Events: {events}")
     assert_no_problems(problems, "when the all-reduces start (order of events in step 1; bucket 0 holds the last and "
                                  "branch layers, so its gradients are ready long before backward reaches `first`):")
+
+
+def test_3_2_gradients_are_views_into_the_buckets(grade):
+    """After each synced backward every .grad is a view into its bucket's flat buffer (the docstring; torch's
+    gradient_as_bucket_view=True): the gradients of one bucket share one storage, the same in every step (the
+    buffers are allocated once), so no gradient is copied back and nothing is allocated per step."""
+    ranks = _results(grade("3.2"), "train")
+    problems = []
+    for rank, r in enumerate(ranks):
+        first = [set(bucket) for bucket in r["steps"][0]["storages"]]
+        for step, s in enumerate(r["steps"], start=1):
+            for b, bucket in enumerate(s["storages"]):
+                if None in bucket or len(set(bucket)) != 1:
+                    problems.append(f"step {step}, rank {rank}: the .grad of the {len(bucket)} parameters of bucket "
+                                    f"{b} lie in {len(set(bucket) - {None})} different storage(s)"
+                                    + (" (some .grad is None)" if None in bucket else "")
+                                    + "; each must be a view of the bucket's one flat buffer")
+                elif step > 1 and set(bucket) != first[b]:
+                    problems.append(f"step {step}, rank {rank}: the gradients of bucket {b} lie in another storage "
+                                    "than in step 1; the flat buffers are allocated once, and .grad stays a view of "
+                                    "them")
+    assert_no_problems(problems, "where the gradients live after loss.backward() (3 steps, zero_grad(set_to_none="
+                                 "True) before each):")
+
+
+def test_3_2_float16_divides_before_the_sum(grade):
+    ranks = _results(grade("3.2"), "half")
+    problems = []
+    for rank, r in enumerate(ranks):
+        problems += _grad_problems(r["ours"], r["torch"], f"rank {rank}")
+    assert_no_problems(problems, f"a float16 model, a gradient of {_HALF_GRAD:g} on each of {_WORLD} ranks: their "
+                                 f"mean, {_HALF_GRAD:g}, fits float16 (largest finite value 65504), their sum does not; "
+                                 "each bucket is divided by the world size BEFORE its SUM all-reduce (the docstring; "
+                                 "torch's allreduce_hook), as torch DDP does:")
 
 
 def test_3_2_no_sync_decided_at_forward_like_ddp(grade):

@@ -231,13 +231,24 @@ def _edges_rank(mod) -> dict:
 
 
 def _lockstep_rank(mod) -> dict:
-    """Async with staleness_bound=0: every worker's step r is computed on the parameters after round r-1."""
+    """Async with staleness_bound=0: every worker's step r is computed on the parameters after round r-1. A worker
+    computes its first gradient only once every worker has (pulled and) started its first: a PULL is answered at
+    once, so a worker slow to start would otherwise pull parameters that already hold the others' first round."""
     model = _sync_model()
     if dist.get_rank() < _K:
         return {"record": _plain(mod.ParameterServer(list(model.parameters()), _SYNC_ASSIGNMENT, _K, _LR,
                                                      mode="async", staleness_bound=0).serve())}
-    steps = mod.run_worker(model, _sync_worker_batches(_worker_index(), _SYNC_STEPS), _cross_entropy,
-                           _SYNC_ASSIGNMENT, _K)
+    store, started = dist.distributed_c10d._get_default_store(), []
+
+    def loss_fn(m: nn.Module, batch) -> torch.Tensor:
+        if not started:  # a condition, not a clock: every worker is past its first pull
+            started.append(True)
+            if store.add("ps34/lockstep/started", 1) == _W:
+                store.set("ps34/lockstep/all", "1")
+            store.wait(["ps34/lockstep/all"], timedelta(seconds=_GATE_S))
+        return _cross_entropy(m, batch)
+
+    steps = mod.run_worker(model, _sync_worker_batches(_worker_index(), _SYNC_STEPS), loss_fn, _SYNC_ASSIGNMENT, _K)
     return {"steps": steps, "params": [p.detach().clone() for p in model.parameters()]}
 
 
@@ -256,8 +267,26 @@ def _one_worker_rank(mod) -> dict:
     return out
 
 
+_ELSEWHERE = 0.5  # the worker's float64 model starts this far from the servers' values, in every element
+
+
+def _elsewhere_rank(mod) -> dict:
+    """A float64 model, _WORLD - 1 servers (one parameter each) and one worker (the last rank), sync; the worker's
+    model starts _ELSEWHERE away from the servers' values: its first pull must replace it."""
+    servers, model = _WORLD - 1, _sync_model().double()
+    if dist.get_rank() < servers:
+        return {"record": _plain(mod.ParameterServer(list(model.parameters()), _ONE_ASSIGNMENT, servers, _LR,
+                                                     mode="sync").serve())}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(_ELSEWHERE)
+    batches = [(x.double(), y) for x, y in _sync_batches()]
+    steps = mod.run_worker(model, batches, _cross_entropy, _ONE_ASSIGNMENT, servers)
+    return {"steps": steps, "params": [p.detach().clone() for p in model.parameters()]}
+
+
 _SCENARIOS = {"sync": _sync_rank, "ssp": _ssp_rank, "digits": _digits_rank, "edges": _edges_rank,
-              "lockstep": _lockstep_rank, "one worker": _one_worker_rank}
+              "lockstep": _lockstep_rank, "one worker": _one_worker_rank, "float64 elsewhere": _elsewhere_rank}
 
 
 def _ps_rank(ref: grading.ModuleRef) -> dict:
@@ -410,17 +439,19 @@ def _numel(model: nn.Module) -> list[int]:
     return [p.numel() for p in model.parameters()]
 
 
-def _sync_truth(lr_scale: float = 1.0, clear: bool = True, lag: int | None = 0) -> list[torch.Tensor]:
+def _sync_truth(lr_scale: float = 1.0, clear: bool = True, lag: int | None = 0,
+                dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
     """One process, torch.optim.SGD, the concatenated batch of all workers at every step.
 
     The other arguments make it a mistake's: lr_scale=_W (the gradients summed, or applied one by one, not
     averaged), clear=False (.grad never cleared: each step adds all the earlier gradients), lag=1 (each
     gradient computed on the parameters of one step before: a reply sent before the step), lag=None (every
-    gradient computed on the first parameters: the pulled parameters never loaded into the model)."""
-    model, probe = _sync_model(), _sync_model()  # probe: the parameters the gradient is computed on
+    gradient computed on the first parameters: the pulled parameters never loaded into the model). In `dtype`."""
+    model, probe = _sync_model().to(dtype), _sync_model().to(dtype)  # probe: the parameters the gradient is computed on
     optimizer = torch.optim.SGD(model.parameters(), lr=_LR * lr_scale)
     history = [[p.detach().clone() for p in model.parameters()]]
     for x, y in _sync_batches():
+        x = x.to(dtype)
         if clear:
             probe.zero_grad()
         seen = history[0] if lag is None else history[max(len(history) - 1 - lag, 0)]
@@ -769,6 +800,26 @@ def test_3_4_staleness_bound_zero_is_lockstep(grade):
                             f"expected version {_W * _SYNC_STEPS} and, per round of {_W} arrivals from {_W} different "
                             f"workers, staleness 0, 1, ..., {_W - 1} (lock-step: all computed on the round's version)")
     assert_no_problems(problems, f"asynchronous mode with staleness_bound=0, {_W} workers x {_SYNC_STEPS} steps:")
+
+
+def test_3_4_float64_model_pulled_first(grade):
+    """A float64 model (every message in the parameters' dtype, every receive buffer too), one worker whose model
+    starts away from the servers' values (run_worker's first pull replaces it): sync is exactly one process's SGD in
+    float64 from the SERVERS' values, on the worker and on every server."""
+    results = _results(grade("3.4"), "float64 elsewhere")
+    servers, problems = _WORLD - 1, []
+    truth = _sync_truth(dtype=torch.float64)
+    worker = results[servers]
+    if worker["steps"] != _SYNC_STEPS:
+        problems.append(f"run_worker returned {worker['steps']}, expected {_SYNC_STEPS}")
+    problems += _params_problems(worker["params"], truth, "the worker after its last pull")
+    for k in range(servers):
+        problems += _params_problems([results[k]["record"]["params"].get(k, torch.tensor(float("nan")))], [truth[k]],
+                                     f"server {k}'s shard")
+    assert_no_problems(problems, f"a float64 model, {servers} servers and one worker whose model starts {_ELSEWHERE} "
+                                 "away from the servers' values (sync): every message and receive buffer in the "
+                                 "parameters' dtype (float64 here), and the first pull replaces the worker's "
+                                 "values before its first gradient:")
 
 
 def test_3_4_one_worker_is_single_process_sgd(grade):

@@ -726,6 +726,25 @@ def _views_case(mod, folder: str) -> dict:
     return {"step": None if progress is None else progress.get("step"), "weights_of": loaded}
 
 
+_ASIDE_STEPS, _ASIDE_RESUMED = (2, 4, 6), 4
+
+
+def _set_aside_case(mod, folder: str) -> dict:
+    """Each rank lists its own folder holding the checkpoints of _ASIDE_STEPS (as in _views_case: one folder
+    seen by each rank); every rank calls set_aside_newer(checkpoints, _ASIDE_RESUMED): only rank 0 renames."""
+    from solutions.phase4_production.checkpoint import CheckpointManager, atomic_save
+
+    manager = CheckpointManager(os.path.join(folder, f"rank{dist.get_rank()}"), keep=5)
+    manager.folder.mkdir(parents=True, exist_ok=True)
+    for step in _ASIDE_STEPS:
+        atomic_save({"step": step}, manager.path_for(step))
+    try:
+        moved = mod.set_aside_newer(manager, _ASIDE_RESUMED)
+    except Exception as exc:  # noqa: BLE001
+        return _error(exc)
+    return {"returned": [Path(p).name for p in moved], "files": sorted(p.name for p in manager.folder.iterdir())}
+
+
 def _world_cases(ref: grading.ModuleRef, folder: str) -> dict:
     out = {"reference": _plain_reference(_TOTAL)}
     try:
@@ -735,6 +754,8 @@ def _world_cases(ref: grading.ModuleRef, folder: str) -> dict:
     out["agreement"] = _agreement_case(mod, os.path.join(folder, "agree"))
     dist.barrier()
     out["views"] = _views_case(mod, os.path.join(folder, "views"))
+    dist.barrier()
+    out["set_aside"] = _set_aside_case(mod, os.path.join(folder, "aside"))
     dist.barrier()
     out["attempts"] = _attempts_case(mod, os.path.join(folder, "attempts"))  # last: it rebuilds the group
     return out
@@ -860,6 +881,29 @@ def test_4_2_every_rank_resumes_the_step_rank_0_found(grade, tmp_path_factory):
                             "the newest rank 0 found")
     assert_no_problems(problems, "the ranks' folder listings differ (rank 1 sees a step 6 that rank 0 does not): "
                                  "every rank must resume the SAME step, the one rank 0 chose (its choice broadcast):")
+
+
+def test_4_2_only_rank_0_sets_aside(grade, tmp_path_factory):
+    """set_aside_newer is rank 0's: on the other ranks it returns [] and leaves their folder listing as it was
+    (on a shared file system rank 0's renames are the only ones; a second rank renaming the same files races it)."""
+    results, suffix = _world(grade("4.2"), tmp_path_factory), grade("4.2").load().CORRUPT_SUFFIX
+    problems = []
+    names = [f"step_{step:09d}.pt" for step in _ASIDE_STEPS]
+    for rank, result in enumerate(results):
+        got = result["set_aside"]
+        if "error" in got:
+            _raise(f"rank {rank}, set_aside_newer", got)
+        newer = [n for n, step in zip(names, _ASIDE_STEPS) if step > _ASIDE_RESUMED]
+        if rank == 0:
+            want = sorted([n for n in names if n not in newer] + [n + suffix for n in newer])
+            if got["files"] != want or sorted(got["returned"]) != [n + suffix for n in newer]:
+                problems.append(f"rank 0: returned {got['returned']}, its folder holds {got['files']}; expected "
+                                f"{newer} renamed to name + CORRUPT_SUFFIX ({suffix!r}), the new names returned")
+        elif got["returned"] or got["files"] != names:
+            problems.append(f"rank {rank}: returned {got['returned']}, its folder holds {got['files']}; expected [] "
+                            f"and its folder untouched ({names}): only rank 0 sets checkpoints aside")
+    assert_no_problems(problems, f"set_aside_newer(checkpoints, {_ASIDE_RESUMED}) called on both ranks of 2, each "
+                                 f"listing a folder with the checkpoints of steps {list(_ASIDE_STEPS)}:")
 
 
 def test_4_2_saves_after_the_last_step(grade, tmp_path):
@@ -1131,6 +1175,14 @@ def test_4_2_the_pieces_used_alone(grade, tmp_path, monkeypatch):
         manager.save(step, {"step": step})
     if mod.set_aside_newer(manager, 6) != []:
         problems.append("set_aside_newer(resumed=6) with nothing newer than 6 must return []")
+    zero = checkpoint.CheckpointManager(tmp_path / "zero", keep=5)
+    for step in (0, 2):
+        zero.save(step, {"step": step})
+    moved = mod.set_aside_newer(zero, 0)
+    if zero.steps() != [0] or len(moved) != 1:
+        problems.append(f"set_aside_newer(resumed=0) with checkpoints of steps 0 and 2 left steps() = {zero.steps()} "
+                        f"and returned {moved}; expected [0] and the one path of step 2 set aside (resume loaded step "
+                        "0: a step, not None)")
     moved = mod.set_aside_newer(manager, None)
     if manager.steps() or len(moved) != 3 or not all(p.exists() for p in moved):
         problems.append(f"set_aside_newer(resumed=None) must set every checkpoint aside (resume found none): "

@@ -394,7 +394,8 @@ def test_4_4_bytes_per_step_are_what_was_sent(grade):
     results = _results(grade("4.4"), "bytes")
     problems = []
     numel = sum(p.numel() for p in _mixed().parameters())  # one bucket (DDP's default 25 MiB cap)
-    dense, topk_max = 4 * numel, (4 + 8) * math.ceil(_RATIO * numel)  # k float32 values + k int64 indices
+    k = max(1, min(numel, math.ceil(_RATIO * numel)))  # topk_count's rule
+    dense, topk_bytes = 4 * numel, (4 + 8) * k  # k float32 values + k int64 indices
     for rank, r in enumerate(results):
         for what, rows in r.items():
             for step, (reported, sent, count) in enumerate(rows):
@@ -408,10 +409,11 @@ def test_4_4_bytes_per_step_are_what_was_sent(grade):
                 if step < 2 and sent != dense:
                     problems.append(f"{where}: before start iteration 2, expected one plain all-reduce of the "
                                     f"{dense} bytes of gradients, got {sent} bytes")
-                if step >= 2 and what == "topk" and not 0 < sent <= topk_max:
-                    problems.append(f"{where}: {sent} bytes sent, expected at most {topk_max} (k = {_RATIO:.0%} "
-                                    "of the entries, values and indices): top-k of the LOCAL gradient, not a "
-                                    "dense all-reduce first")
+                if step >= 2 and what == "topk" and sent != topk_bytes:
+                    problems.append(f"{where}: {sent} bytes sent, expected {topk_bytes}: k = {k} ({_RATIO:.0%} of the "
+                                    f"{numel} entries) float32 values (4 bytes each) and k int64 indices (8 bytes "
+                                    "each), the top-k of the LOCAL gradient"
+                                    + (", not a dense all-reduce first" if sent > topk_bytes else ""))
                 if step >= 2 and what == "powersgd" and sent != _powersgd_bytes(_mixed(), rank=2, min_rate=2):
                     problems.append(f"{where}: {sent} bytes sent, expected {_powersgd_bytes(_mixed(), 2, 2)} "
                                     "(P and Q of every matrix worth compressing, the rest uncompressed)")

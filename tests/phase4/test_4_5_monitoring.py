@@ -22,8 +22,10 @@ import socket
 import statistics
 import sys
 import time
+import types
 import warnings
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -316,6 +318,12 @@ def _straggler_rank(ref: grading.ModuleRef):
         out["rules"][name] = detector.update(_given_times(busy[rank], samples=4))
     detector = mod.StragglerDetector(every=WINDOW, threshold=_RULE_THRESHOLD, min_excess_s=_RULE_MIN_EXCESS_S)
     out["windows"] = [detector.update(_given_times(busy[rank], samples)) for busy, samples in _WINDOW_STEPS]
+    times = _given_times(_OTHER_BUSY_S, samples=4)
+    if rank == _OTHER_RANK:  # its excess is in no phase: "other"
+        times.update(forward=_OTHER_BUSY_S + _OTHER_FORWARD_S, other=_OTHER_S,
+                     step=times["step"] + _OTHER_FORWARD_S + _OTHER_S)
+    detector = mod.StragglerDetector(every=1, threshold=_RULE_THRESHOLD, min_excess_s=_RULE_MIN_EXCESS_S)
+    out["other"] = detector.update(times)
     return out
 
 
@@ -340,6 +348,10 @@ def _given_times(busy: float, samples: int) -> dict:
     times["samples_per_s"] = samples / times["step"]
     return times
 
+
+# Given times: rank _OTHER_RANK spends _OTHER_S outside every phase ("other") and _OTHER_FORWARD_S more in forward
+# than the others, whose busy time is _OTHER_BUSY_S: it lost the most time in "other".
+_OTHER_RANK, _OTHER_BUSY_S, _OTHER_S, _OTHER_FORWARD_S = 1, 0.5, 0.6, 0.2
 
 # The phase test: "data" takes _DATA_DELAY on every rank (each rank's largest phase), rank
 # _PHASE_RANK's forward _PHASE_DELAY more: it lost its time in "forward", not in "data".
@@ -454,13 +466,62 @@ def test_4_5_memory_stats(grade, monkeypatch):
     assert got is not None and math.isclose(got, truth, rel_tol=0.1), (
         f"memory_stats('cpu')['peak_rss_bytes'] = {got}, but this process's peak resident set is {truth} bytes "
         "(in bytes: ru_maxrss is in KiB on Linux)")
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 123 << 20)
-    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 456 << 20)
+    _install_two_fake_gpus(monkeypatch)
+    problems = []
+    for device, index in ((torch.device("cuda", 0), 0), ("cuda:1", 1), (torch.device("cuda", 1), 1),
+                          (torch.device("cuda"), _CURRENT_GPU)):
+        got = mod.memory_stats(device)
+        want = {"peak_allocated_bytes": _GPU_PEAKS[index][0], "peak_reserved_bytes": _GPU_PEAKS[index][1]}
+        if {k: got.get(k) for k in want} != want:
+            problems.append(f"memory_stats({device!r}) = {got}; expected cuda:{index}'s {want} (torch.cuda."
+                            "max_memory_allocated / max_memory_reserved of that device)")
+    assert_no_problems(problems, f"two (fake) GPUs, cuda:{_CURRENT_GPU} the current one, each with its own peaks "
+                                 f"{_GPU_PEAKS}:")
+
+
+_GPU_PEAKS = {0: (123 << 20, 456 << 20), 1: (789 << 20, 1011 << 20)}  # (allocated, reserved) per device
+_CURRENT_GPU = 0
+
+
+def _install_two_fake_gpus(monkeypatch) -> None:
+    """torch.cuda's peak queries answer for two fake devices (None, an index, "cuda:i", a torch.device; "cuda" and
+    None mean the current one), however they are asked: max_memory_allocated/reserved or memory_stats."""
+    def index(device=None) -> int:
+        if device is None or isinstance(device, int):
+            return _CURRENT_GPU if device is None else device
+        device = torch.device(device)
+        return _CURRENT_GPU if device.index is None else device.index
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    got = mod.memory_stats(torch.device("cuda", 0))
-    assert got.get("peak_allocated_bytes") == 123 << 20 and got.get("peak_reserved_bytes") == 456 << 20, (
-        f"memory_stats(cuda:0) = {got}; expected peak_allocated_bytes from torch.cuda.max_memory_allocated "
-        f"({123 << 20}) and peak_reserved_bytes from torch.cuda.max_memory_reserved ({456 << 20})")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(_GPU_PEAKS))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: _CURRENT_GPU)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: _GPU_PEAKS[index(device)][0])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: _GPU_PEAKS[index(device)][1])
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {
+        "allocated_bytes.all.peak": _GPU_PEAKS[index(device)][0], "reserved_bytes.all.peak": _GPU_PEAKS[index(device)][1]})
+
+
+def test_4_5_peak_rss_is_this_programs_high_water_mark(grade, monkeypatch):
+    """On Linux the peak is VmHWM, this program's: ru_maxrss also keeps the peak of a program this process was
+    exec'ed from (guidelines 4.5). getrusage here answers as it would after an exec from a program 4 GiB large."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("VmHWM is Linux's")
+    import resource
+
+    mod = grade("4.5").load()
+    real = resource.getrusage
+
+    def after_an_exec(who):
+        usage = list(real(who))
+        usage[2] = max(usage[2], 4 << 20)  # ru_maxrss, KiB: 4 GiB
+        return resource.struct_rusage(usage)
+
+    monkeypatch.setattr(resource, "getrusage", after_an_exec)
+    got = mod.memory_stats("cpu").get("peak_rss_bytes")
+    truth = _resident_kib("VmHWM") * 1024
+    assert got is not None and math.isclose(got, truth, rel_tol=0.1), (
+        f"memory_stats('cpu')['peak_rss_bytes'] = {got}, this program's peak resident set (VmHWM) is {truth} bytes; "
+        "ru_maxrss reads 4 GiB here, as after an exec from a larger program: read VmHWM on Linux")
 
 
 # ------------------------------------------------------------ metrics and traces
@@ -504,6 +565,55 @@ def test_4_5_json_lines_carry_rank_step_and_fields(grade, tmp_path):
     assert_no_problems(problems, "MetricsWriter's JSON lines:")
 
 
+class _FakeSummaryWriter:
+    """torch.utils.tensorboard.SummaryWriter, recording its scalars (the tensorboard package may be missing)."""
+
+    def __init__(self, log_dir=None, *args, **kwargs):
+        self.log_dir, self.scalars, self.closed = log_dir, [], False
+        _FakeSummaryWriter.made.append(self)
+
+    def add_scalar(self, tag, scalar_value, global_step=None, *args, **kwargs):
+        self.scalars.append((tag, float(scalar_value), global_step))
+
+    def flush(self):
+        pass
+
+    def close(self):
+        self.closed = True
+
+
+def test_4_5_tensorboard_tags_name_the_event_and_the_rank(grade, tmp_path, monkeypatch):
+    """With a (fake) tensorboard installed, each numeric field is a scalar tagged `<event>/<field>` for a record with
+    an `event` field, else `<field>`, with `/rank<r>` appended on ranks other than 0, at the record's step."""
+    board = types.ModuleType("torch.utils.tensorboard")
+    board.SummaryWriter, _FakeSummaryWriter.made = _FakeSummaryWriter, []
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", board)
+    monkeypatch.setitem(sys.modules, "tensorboard", sys.modules.get("tensorboard") or types.ModuleType("tensorboard"))
+    mod = grade("4.5").load()
+    writes = [(7, dict(loss=torch.tensor(0.5), phase="train")), (8, dict(event="checkpoint", seconds=1.5, path="a")),
+              (9, dict(event="train", loss=0.25, samples_per_s=512))]
+    problems = []
+    for rank in (0, 2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            writer = mod.MetricsWriter(tmp_path / f"m{rank}" / "metrics_{rank}.jsonl", rank=rank,
+                                       tensorboard_dir=tmp_path / f"board{rank}")
+        for step, fields in writes:
+            writer.write(step, **fields)
+        writer.close()
+        suffix = f"/rank{rank}" if rank else ""
+        want = {(f"loss{suffix}", 0.5, 7), (f"checkpoint/seconds{suffix}", 1.5, 8), (f"train/loss{suffix}", 0.25, 9),
+                (f"train/samples_per_s{suffix}", 512.0, 9)}
+        got = {scalar for w in _FakeSummaryWriter.made for scalar in w.scalars}
+        _FakeSummaryWriter.made = []
+        stray = [tag for tag, _, _ in got if tag not in {t for t, _, _ in want}
+                 and any(name in tag for name in ("loss", "seconds", "samples_per_s"))]
+        if not want <= got or stray:
+            problems.append(f"rank {rank}: the scalars (tag, value, step) {sorted(got)}; expected {sorted(want)}")
+    assert_no_problems(problems, "MetricsWriter's TensorBoard scalars, writes at steps 7 (loss, no event), 8 (event "
+                                 "'checkpoint': seconds) and 9 (event 'train': loss, samples_per_s):")
+
+
 def test_4_5_straggler_phase_is_where_it_lost_time(grade):
     results = _straggler_world(grade("4.5"))
     problems = []
@@ -522,6 +632,25 @@ def test_4_5_straggler_phase_is_where_it_lost_time(grade):
                             "is as long on every rank")
     assert_no_problems(problems, "a straggler's \"phase\" is the phase where it lost the most time against the median "
                                  "rank, not its largest phase:")
+
+
+def test_4_5_straggler_phase_can_be_other(grade):
+    """Given times (no clock): a rank whose excess lies mostly in "other" (time no phase covered: logging, .item(),
+    Python overhead) is named with phase "other", a part of the breakdown like any phase."""
+    results = _straggler_world(grade("4.5"))
+    problems = []
+    for rank, per_rank in enumerate(results):
+        report = per_rank["other"]
+        if not isinstance(report, dict):
+            problems.append(f"rank {rank} got {report!r} from update() with every=1, not a report")
+            continue
+        found = {s.get("rank"): s.get("phase") for s in report.get("stragglers", [])}
+        if found != {_OTHER_RANK: "other"}:
+            problems.append(f"rank {rank}'s report names (rank, phase) {sorted(found.items())}, expected "
+                            f"[({_OTHER_RANK}, 'other')]")
+    assert_no_problems(problems, f"rank {_OTHER_RANK} busy {_OTHER_BUSY_S + _OTHER_FORWARD_S + _OTHER_S:g} s a step: "
+                                 f"{_OTHER_S} s in \"other\" and {_OTHER_FORWARD_S} s more in forward than the others "
+                                 f"({_OTHER_BUSY_S} s busy); its phase is where it lost the most against the median:")
 
 
 def test_4_5_straggler_needs_both_thresholds(grade):

@@ -173,17 +173,21 @@ def _hang_rank(ref: grading.ModuleRef, folder: str) -> dict:
         gathered, piece = torch.zeros(2 * world), torch.full((2,), float(rank))
         m = torch.tensor([float(rank)], dtype=torch.float64)
         scattered, pieces = torch.zeros(2), torch.full((2 * world,), float(rank + 1))
+        listed, mine = [torch.zeros(3, dtype=torch.int64) for _ in range(world)], torch.full((3,), rank)
         healthy.tensors = {"x": x, "y": y, "z": z, "gathered": gathered, "m": m, "scattered": scattered}
+        healthy.listed = listed
         calls = [(dist.all_reduce, (x,), {}),
                  (dist.broadcast, (y,), {"src": 3}),
                  *([(dist.all_reduce, (z,), {"group": sub})] if rank in (1, 2, 3) else []),
                  (dist.all_gather_into_tensor, (gathered, piece), {}),
                  (dist.barrier, (), {}),
                  (dist.all_reduce, (m,), {"op": dist.ReduceOp.MAX}),
-                 (dist.reduce_scatter_tensor, (scattered, pieces), {})]
+                 (dist.reduce_scatter_tensor, (scattered, pieces), {}),
+                 (dist.all_gather, (listed, mine), {})]  # a list first: the entry describes `mine`
         return calls
     before = max((e["record_id"] for e in _flight_recorder()), default=-1)
     out["healthy"] = _scenario(mod, folder, "healthy", healthy)
+    healthy.tensors["listed"] = torch.cat(healthy.listed)
     out["healthy"]["values"] = {k: t.float().tolist() for k, t in healthy.tensors.items()}
     names = {dist.group.WORLD.group_name: everyone, **({sub.group_name: [1, 2, 3]} if rank in (1, 2, 3) else {})}
     out["healthy"]["torch_fr"] = [  # what torch recorded of the same calls, and each group's ranks
@@ -347,7 +351,7 @@ def test_4_6_records_every_collective(grade):
             continue
         values = r["values"]
         expect_values = {"x": [10.0] * 3, "y": [[3.0, 3.0]] * 2, "gathered": [float(q) for q in range(world) for _ in (0, 1)],
-                         "m": [3.0], "scattered": [10.0, 10.0]}
+                         "m": [3.0], "scattered": [10.0, 10.0], "listed": [float(q) for q in range(world) for _ in range(3)]}
         if rank in sub:
             expect_values["z"] = [6.0] * 5
         for k, v in expect_values.items():
@@ -360,7 +364,8 @@ def test_4_6_records_every_collective(grade):
                 _expected_entry(2, everyone, [2 * world], "float32", "completed", op="all_gather_into_tensor"),
                 _expected_entry(3, everyone, None, None, "completed", op="barrier"),
                 _expected_entry(4, everyone, [1], "float64", "completed"),
-                _expected_entry(5, everyone, [2], "float32", "completed", op="reduce_scatter_tensor")]
+                _expected_entry(5, everyone, [2], "float32", "completed", op="reduce_scatter_tensor"),
+                _expected_entry(6, everyone, [3], "int64", "completed", op="all_gather")]
         dump = r["dump"]
         head = {"rank": rank, "world_size": world, "capacity": 2000}
         problems += _entry_problems(dump, head, f"rank {rank}: dump()")
@@ -370,7 +375,7 @@ def test_4_6_records_every_collective(grade):
         for i, (got, expected) in enumerate(zip(entries, want)):
             problems += _entry_problems(got, expected, f"rank {rank}: entry {i}")
         groups = sorted((g.get("ranks"), g.get("issued")) for g in dump.get("groups", []))
-        want_groups = sorted([(everyone, 6)] + ([(sub, 1)] if rank in sub else []))
+        want_groups = sorted([(everyone, 7)] + ([(sub, 1)] if rank in sub else []))
         if groups != want_groups:
             problems.append(f"rank {rank}: dump()['groups'] = {dump.get('groups')}, expected "
                             f"{[{'ranks': g, 'issued': n} for g, n in want_groups]}")
@@ -378,7 +383,8 @@ def test_4_6_records_every_collective(grade):
             problems.append(f"rank {rank}: dump() does not survive a JSON round trip unchanged (tuples? numpy?)")
     assert_no_problems(problems, "CollectiveRecorder's record of all_reduce, broadcast (src=3), an all_reduce on the "
                                  "subgroup [1, 2, 3], all_gather_into_tensor, barrier, all_reduce(MAX), "
-                                 "reduce_scatter_tensor, each numbered per group:")
+                                 "reduce_scatter_tensor, all_gather (a list of tensors, then this rank's: the entry "
+                                 "describes the first argument that is a tensor), each numbered per group:")
 
 
 # torch's flight recorder names dtypes by their c10 ScalarType (torch 2.14.1), the recorder as str(dtype) without "torch."
@@ -395,7 +401,8 @@ def test_4_6_record_agrees_with_torchs_flight_recorder(grade):
     fills too), read on every rank of the world of 4 right after the recorder's healthy calls: the recorder's
     entries and torch's describe the same collectives, in the same order, each on the same group, numbered alike
     per group (torch counts from its group's creation, 1-based: the steps must agree), under the op torch records
-    for it; where the recorder's first tensor is the collective's input (all_reduce, broadcast), the same shape
+    for it; where the recorder's first tensor is the collective's input (all_reduce, broadcast, all_gather of a
+    list: its second argument), the same shape
     and dtype; all_gather_into_tensor's output the same number of elements and dtype; a barrier no tensor."""
     results = _world(grade("4.6"), 4)
     problems = []
@@ -432,7 +439,7 @@ def test_4_6_record_agrees_with_torchs_flight_recorder(grade):
                 if (mine.get("shape"), mine.get("dtype")) != (None, None) or torch_entry["input_sizes"]:
                     problems.append(f"{at}: shape {mine.get('shape')}, dtype {mine.get('dtype')}; torch's input sizes "
                                     f"{torch_entry['input_sizes']} (a barrier has no tensor: None, None)")
-            elif mine.get("op") in ("all_reduce", "broadcast"):
+            elif mine.get("op") in ("all_reduce", "broadcast", "all_gather"):
                 if [mine.get("shape")] != torch_entry["input_sizes"] or [mine.get("dtype")] != dtypes:
                     problems.append(f"{at}: shape {mine.get('shape')}, dtype {mine.get('dtype')}; torch recorded the "
                                     f"input {torch_entry['input_sizes']}, {dtypes}")
@@ -443,7 +450,7 @@ def test_4_6_record_agrees_with_torchs_flight_recorder(grade):
                                     f"output of {torch_entry['output_sizes']} ({numel} elements), {dtypes}")
     assert_no_problems(problems, "the recorder's entries against torch's flight recorder for the same calls "
                                  "(all_reduce, broadcast, an all_reduce on [1, 2, 3], all_gather_into_tensor, barrier, "
-                                 "all_reduce(MAX), reduce_scatter_tensor):")
+                                 "all_reduce(MAX), reduce_scatter_tensor, all_gather of a list):")
 
 
 def test_4_6_ring_buffer_keeps_the_newest(grade):
@@ -473,6 +480,15 @@ def test_4_6_ring_buffer_keeps_the_newest(grade):
                             f"dict dump() returned and one more collective, dump() gives (seq, state, shape) "
                             f"{got_after} and groups {after.get('groups')}; expected {want_after} and issued "
                             f"{RING_CALLS + 1}")
+    for rank, per_rank in enumerate(results):  # capacity 3 for all groups together, not per group
+        dump = per_rank["wrapped_groups"]["dump"]
+        pair = rank in (0, 1)
+        got = [(e.get("group"), e.get("seq"), e.get("shape")) for e in dump.get("entries", [])]
+        want = [([0, 1], s, [6]) for s in (1, 2, 3)] if pair else [([0, 1, 2, 3], s, [3]) for s in (0, 1)]
+        if got != want:
+            problems.append(f"rank {rank}: capacity 3, 2 all-reduces on [0, 1, 2, 3]" + (", then 4 on [0, 1]"
+                            if pair else "") + f": the entries are (group, seq, shape) {got}; expected {want}, the "
+                            "newest 3 this rank issued on any group (one ring buffer for all groups)")
     assert_no_problems(problems, "CollectiveRecorder's ring buffer (like the TORCH_FR_BUFFER_SIZE entries of "
                                  "torch's flight recorder):")
 

@@ -2,6 +2,7 @@
 config section (python -m solutions.phase4_production.train; train.py one folder up).
 
     cli.py            flags -> config; pick the device; start the ranks or join torchrun's; the result lines
+      environment.py  the variables the run reads besides its flags (torchrun's, the device's), checked first
     config.py         the sections (run, data, model, optim, parallel, checkpoint, report, faults),
                       flat flags, TOML recipes; every value checked before a process starts
     loop.py           train(cfg): claim the folder, build, then train_loop(run) or a read-only mode
@@ -12,6 +13,8 @@ config section (python -m solutions.phase4_production.train; train.py one folder
                       sampler, seeded samples, loaders)
       augment.py      what a loader worker does to a sample (decode, crop, flip, RandAugment, erase box)
       device_stage.py the device side: prefetch on a side stream, normalise, erase, GPU decode, MixUp/CutMix
+      data_checks.py  each split's fingerprint (kept in checkpoints), test samples that are training
+                      samples left out, ImageFolder's splits labelled alike
     parallel.py       the layouts as strategies behind one protocol: DDPStrategy, FSDPStrategy
       comm.py         DDP's communication hook: 4.4's compression, the fault injector's all-reduce point
     step.py           the optimizer and its schedule; train_step; the Stepper the loop calls
@@ -29,6 +32,7 @@ config section (python -m solutions.phase4_production.train; train.py one folder
     lifecycle.py      stop signals, dying with the launcher, errors said once per agent
     run_folder.py     the output folder: one writer, shared by every node, why a write failed
 
-Imports go one way (tests/test_trainer.py checks that no module imports one that imports it back):
+Imports go one way (tests/test_trainer_structure.py checks that no module imports one that imports
+it back, and that the layout's name is read in parallel.py only):
 cli -> loop -> modes -> build -> checkpointer, evaluator, data, ... -> the exercises 4.1-4.6.
 """

@@ -21,6 +21,7 @@ import torch
 from common.launch import USER_ERRORS, WorldError, run_or_join
 from solutions.phase4_production.hangs import CollectiveTimeout
 from solutions.phase4_production.trainer.config import ConfigError, parse_config
+from solutions.phase4_production.trainer.environment import device_environment, launch_environment
 from solutions.phase4_production.trainer.lifecycle import die_with_parent, fatal_reported, report_fatal, stop_signals
 from solutions.phase4_production.trainer.loop import train
 
@@ -85,12 +86,17 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(2)
     # bad input, a missing dataset, a full disk: one line, once, exit 2; a stuck peer: one line, exit 1 (retried)
     with _one_line(CollectiveTimeout, code=1, say=_say), _one_line(USER_ERRORS, code=2, say=report_fatal):
+        notes = launch_environment()  # a torchrun world that is not whole: one line; leftovers of one dropped
         cfg = parse_config(argv, raise_errors=True)
         if cfg.faults.fail_at_step is not None and "TORCHELASTIC_RUN_ID" not in os.environ:
             raise ValueError("--fail-at-step kills a rank on purpose; run under torchrun with --max-restarts=1 or "
                              "more, which restarts the group (see solutions/phase4_production/README.md)")
         nproc = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if under_torchrun else cfg.run.nproc or default_nproc()
         choose_training_device(cfg.run.device, nproc)
+        notes += device_environment(cfg.run.device, torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                                    nproc, cfg.run.deterministic)
+        for note in notes if os.environ.get("LOCAL_RANK", "0") == "0" else ():  # once per node
+            _say(note)
         if cfg.data.decode == "cuda" and (cfg.run.device == "cpu" or not torch.cuda.is_available()):
             raise ValueError("--decode cuda decodes on the GPU (nvjpeg) and this run has none (--device cpu, or no "
                              "GPU visible): use --decode tensor")

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from common.launch import USER_ERRORS
+from solutions.phase4_production.trainer.augment import auto_augment
 
 
 class InputStage:
@@ -93,8 +94,6 @@ class DeviceDecode:
     (nvjpeg reads JPEG only) are decoded on the CPU (decode_image) and copied."""
 
     def __init__(self, device: torch.device, train: bool, crop: int, resize: int | None, policy: str = "none"):
-        from solutions.phase4_production.trainer.augment import auto_augment
-
         self.device, self.train, self.crop, self.resize = device, train, crop, resize
         self.augment = auto_augment(policy) if train else None
 

@@ -24,6 +24,7 @@ from solutions.phase4_production.trainer.build import Run
 from solutions.phase4_production.trainer.data import Inputs
 from solutions.phase4_production.trainer.device_stage import measure_loader
 from solutions.phase4_production.trainer.flight import FlightRecord
+from solutions.phase4_production.trainer.run_folder import cannot_write, why_unwritable
 
 
 def benchmark_loader(inputs: Inputs, steps: int, device: torch.device, world: int, flight: FlightRecord) -> dict:
@@ -47,6 +48,10 @@ def export_weights(run: Run) -> dict:
             try:
                 torch.save(state, tmp)
                 os.replace(tmp, path)
+            except (OSError, RuntimeError) as exc:  # a full disk (torch.save's "unexpected pos"), a folder there
+                if isinstance(exc, RuntimeError) and why_unwritable(Path(path).parent, exc) is None:
+                    raise
+                raise cannot_write(path, exc) from None
             finally:
                 tmp.unlink(missing_ok=True)
         return {"exported": f"{source} -> {path}", "step": run.start, "world_size": run.world,

@@ -17,7 +17,13 @@
       .close(step, summary)         the "summary" record
 
 Every record carries the attempt (TORCHELASTIC_RESTART_COUNT), so the records of a run
-that torchrun restarted can be told apart. Throughput is per rank (one GPU) and for the
+that torchrun restarted can be told apart. metrics.jsonl holds each step once, in order: a
+start that resumes at step N first moves the records of earlier attempts after N (steps that a
+kill lost and this start trains again) and any line a kill cut short to metrics.superseded.jsonl
+(nothing is lost), then says so in a "resume" record; TensorBoard hides the same steps of
+earlier attempts (torch's SummaryWriter purge_step). config.json is replaced whole (a
+temporary file renamed). A write that fails (a full disk, a file that is a folder) is one line
+naming the file (run_folder.cannot_write). Throughput is per rank (one GPU) and for the
 whole job; MFU is reported where the GPU's peak is known (monitoring.peak_flops).
 """
 
@@ -33,6 +39,7 @@ from pathlib import Path
 import torch
 
 from solutions.phase4_production.monitoring import MetricsWriter, memory_stats, mfu, peak_flops
+from solutions.phase4_production.trainer.run_folder import cannot_write
 
 
 class RunReport:
@@ -65,13 +72,27 @@ class RunReport:
         if self.rank != 0:
             return
         board = self.folder / "tensorboard" if self.options.tensorboard is not False and installed else None
-        self.metrics = MetricsWriter(self.folder / "metrics.jsonl", self.rank, board)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        resolved = json.dumps(config, indent=2) + "\n"
-        (self.folder / "config.json").write_text(resolved)  # the latest start's; configs/ keeps every attempt's
-        (self.folder / "configs").mkdir(exist_ok=True)
-        (self.folder / "configs" / f"{time.strftime('%Y%m%d-%H%M%S')}-attempt{self.attempt}-pid{os.getpid()}.json"
-         ).write_text(resolved)
+        path = self.folder / "metrics.jsonl"
+        try:
+            superseded = supersede(path, done)
+            if board is not None and board.is_dir():  # earlier attempts wrote there: hide their steps after `done`
+                from torch.utils.tensorboard import SummaryWriter
+
+                SummaryWriter(str(board), purge_step=done + 1).close()
+            self.metrics = MetricsWriter(path, self.rank, board)
+            resolved = json.dumps(config, indent=2) + "\n"
+            path = self.folder / "config.json"  # the latest start's; configs/ keeps every attempt's
+            tmp = path.with_name(f".config.json.tmp{os.getpid()}")
+            tmp.write_text(resolved)
+            os.replace(tmp, path)
+            path = self.folder / "configs"
+            path.mkdir(exist_ok=True)
+            path = path / f"{time.strftime('%Y%m%d-%H%M%S')}-attempt{self.attempt}-pid{os.getpid()}.json"
+            path.write_text(resolved)
+        except OSError as exc:
+            raise cannot_write(path, exc) from None
+        if done or superseded:
+            self.write(done, event="resume", superseded=superseded)
         for line in lines:
             print(line, flush=True)
         self.active, self.started, self.done_at_start = True, time.perf_counter(), done
@@ -83,7 +104,10 @@ class RunReport:
 
     def write(self, step: int, **fields) -> None:
         if self.metrics is not None:
-            self.metrics.write(step, attempt=self.attempt, **fields)
+            try:
+                self.metrics.write(step, attempt=self.attempt, **fields)
+            except OSError as exc:  # a full disk
+                raise cannot_write(self.metrics.path, exc) from None
 
     def say(self, line: str) -> None:
         if not self.active:
@@ -157,6 +181,38 @@ class RunReport:
             self.write(step, event="summary", **{k: v for k, v in summary.items()
                                                  if k not in ("history", "step", "averages")})
             self.metrics.close()
+
+
+def supersede(path: Path, done: int) -> int:
+    """Before a start that trains on from step `done` appends to the metrics file `path`: its
+    records after `done` (written by attempts that a kill ended after that step) and lines that
+    are not whole records (a kill in the middle of a write) move to metrics.superseded.jsonl
+    (appended; a cut line as {"event": "torn", "text": ...}); `path` is replaced whole. Returns
+    how many lines moved."""
+    if not path.is_file():
+        return 0
+    keep, moved = [], []
+    for line in path.read_text(errors="replace").splitlines(keepends=True):
+        try:
+            record = json.loads(line) if line.endswith("\n") else None
+            whole = isinstance(record, dict) and isinstance(record.get("step"), int)
+        except ValueError:
+            whole = False
+        if not whole:
+            moved.append(json.dumps({"event": "torn", "text": line.rstrip("\n")}) + "\n")
+        elif record["step"] > done:
+            moved.append(line)
+        else:
+            keep.append(line)
+    if moved:
+        with open(path.with_name("metrics.superseded.jsonl"), "a") as f:
+            f.writelines(moved)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp.write_text("".join(keep))
+        os.replace(tmp, path)
+    return len(moved)
 
 
 def _duration(seconds: float) -> str:
