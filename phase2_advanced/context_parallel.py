@@ -86,7 +86,7 @@ class ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        raise NotImplementedError("TODO 2.9: (every rank's grad concatenated along SEQ_DIM in rank order, None)")
+        raise NotImplementedError("TODO 2.9: (every rank's grad concatenated along SEQ_DIM in rank order, None): one all-gather")
 
 
 class Block(nn.Module):

@@ -120,6 +120,36 @@ def test_counts_stated_in_the_docs_match_the_tests():
     assert not problems, problems
 
 
+STUCK_STEPS = ("Hint 1: the idea", "Hint 2: the API", "Hint 3: the recipe")
+
+
+def test_every_exercise_has_stuck_in_three_folded_steps():
+    """Every exercise's section of its phase's guidelines (`## x.y ...`) has a 'Stuck?' part, and each one is
+    the three folded steps in order (idea, API, recipe: issue 37's format), each <details> closed before the
+    next opens: a learner opens as much help as they want, never the recipe by accident."""
+    problems = []
+    for ex in grading.EXERCISES.values():
+        doc = ROOT / ex.phase / "guidelines.md"
+        if not doc.is_file():
+            continue
+        text = doc.read_text()
+        heading = re.search(rf"^## {re.escape(ex.id)} .*$", text, re.M)
+        if heading is None:
+            problems.append(f"{doc.relative_to(ROOT)} has no '## {ex.id} ...' section")
+            continue
+        following = re.compile(r"^## ", re.M).search(text, heading.end())
+        section = text[heading.end():following.start() if following else len(text)]
+        markers = [m.end() for m in re.finditer(r"^(?:\*\*Stuck\?\*\*|### Stuck\?)", section, re.M)]
+        if not markers:
+            problems.append(f"{ex.id}: no 'Stuck?' part")
+        for start in markers:
+            folds = re.findall(r"<details><summary>(.*?)</summary>(.*?)</details>", section[start:], re.S)[:3]
+            if tuple(title for title, _ in folds) != STUCK_STEPS or any("<details>" in body for _, body in folds):
+                problems.append(f"{ex.id}: a 'Stuck?' part is not the three folded steps {STUCK_STEPS}: "
+                                f"{[title for title, _ in folds]}")
+    assert not problems, problems
+
+
 def test_readme_describes_every_top_level_folder():
     folders = [p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith((".", "_")) and p.name not in {"build"}
                and not p.name.endswith(".egg-info")]

@@ -103,7 +103,7 @@ class ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        # EXERCISE 2.9: (every rank's grad concatenated along SEQ_DIM in rank order, None)
+        # EXERCISE 2.9: (every rank's grad concatenated along SEQ_DIM in rank order, None): one all-gather
         parts = [torch.empty_like(grad, memory_format=torch.contiguous_format) for _ in range(_group(ctx.group)[1])]
         dist.all_gather(parts, grad.contiguous(), group=ctx.group)
         return torch.cat(parts, dim=SEQ_DIM), None

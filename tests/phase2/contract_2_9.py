@@ -25,7 +25,9 @@ CONTRACT = {
     "SequenceParallelBlock.forward": [when("in train mode", lambda c: c.training),
                                       when("in eval mode", lambda c: c.training is False),
                                       when("under torch.no_grad()", lambda c: not c.grad),
-                                      when("world > 2", lambda c: c.world > 2)],
+                                      when("world > 2", lambda c: c.world > 2),
+                                      when("a group of one rank (t = 1)", lambda c: getattr(c.self, "group", None)
+                                           is not None and torch.distributed.get_world_size(c.self.group) == 1)],
     "SequenceParallelBlock.reduce_replicated_grads": [when("after a backward", lambda c: True),
                                                       when("twice in a row", lambda c: c.history[-1:] ==
                                                            ("reduce_replicated_grads",))],

@@ -3,7 +3,7 @@
 EXERCISE = "2.9"
 CAUGHT_BY = [
     "test_2_9_ring_attention_matches_full_attention",
-    "test_2_9_context_parallel_on_a_group_communicates_only_within_it",
+    "test_2_9_ring_attention_on_a_group_communicates_only_within_it",
 ]
 EDITS = {
     "RingAttention.backward": [

@@ -3,7 +3,7 @@
 EXERCISE = "2.9"
 CAUGHT_BY = [
     "test_2_9_sequence_parallel_block_matches_one_process",
-    "test_2_9_context_parallel_on_a_group_communicates_only_within_it",
+    "test_2_9_sequence_parallel_block_on_a_group_communicates_only_within_it",
 ]
 EDITS = {
     "SequenceParallelBlock.reduce_replicated_grads": [
