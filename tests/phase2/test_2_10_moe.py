@@ -6,6 +6,7 @@ Run them with `python tests/test_phase2.py -k 2_10` (your code) or
 
 from __future__ import annotations
 
+import dataclasses
 import traceback
 
 import pytest
@@ -27,7 +28,8 @@ from common.launch import WorldError, run_world
 # mistake in one function fails only its own tests. The ground truth is one process running
 # the same loop on the whole batch, one group of tokens per rank. The forward world then runs
 # _MOE_EXTRAS (two forwards in a row, a rank with no tokens, bf16 and float64), graded against
-# the reference MoE of one process in that dtype. Ranks return plain data; assertions happen here.
+# the reference MoE of one process in that dtype, then the layer on the default group (None, and
+# dist.group.WORLD spelled out) in the world of 4. Ranks return plain data; assertions happen here.
 
 _MOE_WORLD = 4
 _MOE_LAYOUTS = (4, 2)  # ep sizes in the world of 4: a (1, 4) and a (2, 2) mesh (rank = i * ep + j)
@@ -54,6 +56,10 @@ _MOE_EXTRAS = {
     "bfloat16": (torch.bfloat16, ("own",)),
     "float64": (torch.float64, ("own",)),
 }
+# The layer built with from_full(..., group=G) for the default group spelled both ways, on the world of 4 (ep = 4:
+# the same ranks as build_expert_groups(4).ep), one case each, after _MOE_EXTRAS, graded as the explicit group is.
+_MOE_DEFAULT_GROUPS = ("group=None (the default group)", "group=dist.group.WORLD spelled out")
+_MOE_DEFAULT_CASE = "k=2, capacity factor 1.0"
 _MOE_EXTRA_TOL = {torch.float32: _MOE_TOL, torch.float64: dict(rtol=1e-9, atol=1e-12),
                   torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}  # bf16: a few roundings in another order
 
@@ -319,6 +325,15 @@ def _moe_layer_rank(ref: grading.ModuleRef, data: dict, which: str) -> dict:
             except Exception as exc:  # noqa: BLE001 - as above
                 out["extra", ep, name] = {"error": _moe_error(exc)}
                 return out
+    k, factor, _ = _MOE_CASES[_MOE_DEFAULT_CASE]
+    for spelling in _MOE_DEFAULT_GROUPS if which == "forward" else ():
+        group = None if spelling.startswith("group=None") else dist.group.WORLD
+        try:  # the reference's sync reads groups.expert_dp only
+            out["group", spelling] = _moe_step(layer_cls, sync, data[_MOE_DEFAULT_CASE], k, factor,
+                                               dataclasses.replace(groups[_MOE_WORLD], ep=group), False)
+        except Exception as exc:  # noqa: BLE001 - as above
+            out["group", spelling] = {"error": _moe_error(exc)}
+            return out
     return out
 
 
@@ -332,13 +347,16 @@ def _moe_sync_rank(ref: grading.ModuleRef, data: dict) -> dict:
 
 def _a2a_data() -> dict:
     """Rows per (sender, receiver), zeros included: rank 3 sends nothing, rank 0 gets nothing from 1 and 2,
-    in the world of 4; in each half {0, 1}, {2, 3}: rank 1 sends nothing to 0, rank 2 nothing at all."""
+    in the world of 4; in each half {0, 1}, {2, 3}: rank 1 sends nothing to 0, rank 2 nothing at all.
+    x3, g3: rows of shape (2, 3) (x of shape (n, 2, 3)) on the world's splits."""
     world = [[2, 3, 0, 1], [0, 1, 4, 2], [0, 2, 1, 3], [0, 0, 0, 0]]
     halves = [[1, 2], [0, 3], [0, 0], [2, 1]]  # rank r's sends to rank 0 and 1 of its half
     with torch.random.fork_rng():
         torch.manual_seed(3)
         return {"world": world, "halves": halves,
                 "x": [torch.randn(sum(s), 3) for s in world], "g": [torch.randn(sum(col), 3) for col in zip(*world)],
+                "x3": [torch.randn(sum(s), 2, 3) for s in world],
+                "g3": [torch.randn(sum(col), 2, 3) for col in zip(*world)],
                 "x_half": [torch.randn(sum(s), 3) for s in halves],
                 "g_half": [torch.randn(sum(halves[2 * (r // 2) + q][r % 2] for q in range(2)), 3)
                            for r in range(_MOE_WORLD)]}
@@ -369,6 +387,10 @@ def _a2a_rank(ref: grading.ModuleRef, data: dict) -> dict:
         "world, group=None": (data["x"][rank], data["g"][rank], world[rank], [world[q][rank] for q in range(4)], None),
         "world, no group argument": (data["x"][rank], data["g"][rank], world[rank],
                                      [world[q][rank] for q in range(4)], None),
+        "world, group=dist.group.WORLD spelled out": (data["x"][rank], data["g"][rank], world[rank],
+                                                      [world[q][rank] for q in range(4)], dist.group.WORLD),
+        "world, rows of shape (2, 3): x of shape (n, 2, 3)": (data["x3"][rank], data["g3"][rank], world[rank],
+                                                               [world[q][rank] for q in range(4)], None),
         "world, x not contiguous": (data["x"][rank], data["g"][rank], world[rank],
                                     [world[q][rank] for q in range(4)], None),
         "the group of ranks {0, 1} or {2, 3}": (data["x_half"][rank], data["g_half"][rank], halves[rank],
@@ -755,8 +777,11 @@ def test_2_10_all_to_all_uneven_splits_forward_and_backward(grade):
         world_grad = torch.cat([block(data["g"][q], [world[s][q] for s in range(4)], rank) for q in range(4)])
         half_y = torch.cat([block(data["x_half"][q], halves[q], me) for q in peers])
         half_grad = torch.cat([block(data["g_half"][q], [halves[s][q % 2] for s in peers], me) for q in peers])
+        rows_y = torch.cat([block(data["x3"][q], world[q], rank) for q in range(4)])
+        rows_grad = torch.cat([block(data["g3"][q], [world[s][q] for s in range(4)], rank) for q in range(4)])
         for name, got in result.items():
-            y, x_grad = (half_y, half_grad) if "group of ranks" in name else (world_y, world_grad)
+            y, x_grad = ((half_y, half_grad) if "group of ranks" in name else
+                         (rows_y, rows_grad) if "rows of shape" in name else (world_y, world_grad))
             where = f"all_to_all, {name}, rank {rank} of {_MOE_WORLD}"
             problem = diff_report(got["y"], y, f"{where}: output", 0, 0) or (
                 f"{where}: the input got no gradient" if got["x_grad"] is None else
@@ -768,8 +793,9 @@ def test_2_10_all_to_all_uneven_splits_forward_and_backward(grade):
             if got.get("g_changed"):
                 problems.append(f"{where}: backward modified the upstream gradient it was given")
     assert_no_problems(problems, "all_to_all(x, send_splits, recv_splits, group): rank r's rows send_splits[q] go to "
-                                 "rank q of the group; the output holds what each rank sent to r, in rank order; "
-                                 "backward sends each row's gradient back where the row came from (splits 0 included):")
+                                 "rank q of the group (None: the default group, the world); a row is x[i], whatever "
+                                 "its shape; the output holds what each rank sent to r, in rank order; backward "
+                                 "sends each row's gradient back where the row came from (splits 0 included):")
 
 
 # ------------------------------------------------------------------ the layer
@@ -937,6 +963,23 @@ def test_2_10_tokens_per_expert_counted_anew_each_forward(grade):
     assert_no_problems(problems, "tokens_per_expert holds the rows each local expert processed in the LAST forward "
                                  "(set anew by each forward, not a running total): two forwards in a row, the second "
                                  "on other tokens:")
+
+
+def test_2_10_layer_on_the_default_group_is_the_world(grade):
+    results = _moe_layer(grade("2.10"), _moe_forward_rank, "ExpertParallelMoE.forward")
+    truth, problems = _moe_truth_of(_MOE_DEFAULT_CASE), []
+    for spelling in _MOE_DEFAULT_GROUPS:
+        for rank, result in enumerate(results):
+            where = f"from_full(moe, {spelling}), rank {rank} of {_MOE_WORLD}, {_MOE_DEFAULT_CASE}"
+            got = result.get(("group", spelling))
+            if got is None:
+                pytest.fail(f"{where}: not run (an earlier case failed on some rank)")
+            if "error" in got:
+                _moe_raise(rank, got["error"], where)
+            problems += _moe_forward_check(got, truth, rank, _MOE_WORLD, where)
+    assert_no_problems(problems, "ExpertParallelMoE with group=None is the layer over the default group, the world "
+                                 "(dist.group.WORLD): on a world of 4 it must give what the explicit group of the 4 "
+                                 "ranks gives, the MoE of one process: output, aux loss, input gradient, gradients:")
 
 
 def _moe_sync_check(got: dict, truth: dict, rank: int, ep: int, where: str) -> list[str]:
