@@ -14,7 +14,6 @@ that runs out says where it was.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -24,7 +23,7 @@ from solutions.phase4_production.trainer.build import Run
 from solutions.phase4_production.trainer.data import Inputs
 from solutions.phase4_production.trainer.device_stage import measure_loader
 from solutions.phase4_production.trainer.flight import FlightRecord
-from solutions.phase4_production.trainer.run_folder import cannot_write, why_unwritable
+from solutions.phase4_production.trainer.run_folder import cannot_write, replace_whole, why_unwritable
 
 
 def benchmark_loader(inputs: Inputs, steps: int, device: torch.device, world: int, flight: FlightRecord) -> dict:
@@ -44,16 +43,12 @@ def export_weights(run: Run) -> dict:
                              "at a run)")
         state = run.strategy.full_state_dict()
         if not dist.is_initialized() or dist.get_rank() == 0:
-            tmp = Path(path).with_name(f".{Path(path).name}.tmp{os.getpid()}")
             try:
-                torch.save(state, tmp)
-                os.replace(tmp, path)
+                replace_whole(path, lambda tmp: torch.save(state, tmp))
             except (OSError, RuntimeError) as exc:  # a full disk (torch.save's "unexpected pos"), a folder there
                 if isinstance(exc, RuntimeError) and why_unwritable(Path(path).parent, exc) is None:
                     raise
                 raise cannot_write(path, exc) from None
-            finally:
-                tmp.unlink(missing_ok=True)
         return {"exported": f"{source} -> {path}", "step": run.start, "world_size": run.world,
                 "fingerprint": run.strategy.fingerprint()}
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from solutions.phase4_production.monitoring import MetricsWriter, memory_stats, mfu, peak_flops
-from solutions.phase4_production.trainer.run_folder import cannot_write
+from solutions.phase4_production.trainer.run_folder import cannot_write, replace_whole
 
 
 class RunReport:
@@ -82,9 +82,7 @@ class RunReport:
             self.metrics = MetricsWriter(path, self.rank, board)
             resolved = json.dumps(config, indent=2) + "\n"
             path = self.folder / "config.json"  # the latest start's; configs/ keeps every attempt's
-            tmp = path.with_name(f".config.json.tmp{os.getpid()}")
-            tmp.write_text(resolved)
-            os.replace(tmp, path)
+            replace_whole(path, lambda tmp: tmp.write_text(resolved))
             path = self.folder / "configs"
             path.mkdir(exist_ok=True)
             path = path / f"{time.strftime('%Y%m%d-%H%M%S')}-attempt{self.attempt}-pid{os.getpid()}.json"
@@ -209,9 +207,7 @@ def supersede(path: Path, done: int) -> int:
             f.writelines(moved)
             f.flush()
             os.fsync(f.fileno())
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        tmp.write_text("".join(keep))
-        os.replace(tmp, path)
+        replace_whole(path, lambda tmp: tmp.write_text("".join(keep)))
     return len(moved)
 
 

@@ -290,6 +290,19 @@ def why_unwritable(folder: str | Path, exc: BaseException) -> str | None:
     return None
 
 
+def replace_whole(path: str | Path, write) -> None:
+    """Write `path` whole: `write(tmp)` fills a hidden temporary beside it (the pid in its name: ranks
+    and attempts never share one), then one rename puts it in place, so a reader sees the old file or
+    the new one, never half; the temporary does not outlive a failed write."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def cannot_write(path: str | Path, exc: BaseException) -> ValueError:
     """The error (one line, exit 2: no restart fixes it) for a write of `path`, a file of the run
     folder (metrics, config files, the exported weights), that failed with `exc`."""
