@@ -93,6 +93,8 @@ EXERCISES: dict[str, Exercise] = {
         Exercise("2.8", "Process groups: DP over TP on a 2-D mesh", "phase2_advanced", "mesh"),
         Exercise("2.9", "Sequence and context parallelism", "phase2_advanced", "context_parallel"),
         Exercise("2.10", "Expert parallelism: a mixture of experts over all-to-all", "phase2_advanced", "moe"),
+        Exercise("2.11", "3-D parallelism: a transformer on a (pp, dp, tp) mesh", "phase2_advanced", "parallel_3d"),
+        Exercise("2.12", "A layout planner held against measurements", "phase2_advanced", "planner"),
         Exercise("3.1", "Ring all-reduce from point-to-point messages", "phase3_multi_node", "ring"),
         Exercise("3.2", "Bucketed DDP with overlap", "phase3_multi_node", "bucketed_ddp"),
         Exercise("3.3", "Hierarchical (topology-aware) all-reduce", "phase3_multi_node", "hierarchical"),

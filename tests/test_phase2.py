@@ -35,3 +35,5 @@ from phase2.test_2_7_tensor_parallel import *  # noqa: E402,F401,F403
 from phase2.test_2_8_mesh import *  # noqa: E402,F401,F403
 from phase2.test_2_9_context_parallel import *  # noqa: E402,F401,F403
 from phase2.test_2_10_moe import *  # noqa: E402,F401,F403
+from phase2.test_2_11_parallel_3d import *  # noqa: E402,F401,F403
+from phase2.test_2_12_planner import *  # noqa: E402,F401,F403

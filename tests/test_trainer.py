@@ -14,6 +14,7 @@ import json
 import multiprocessing
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -83,6 +84,28 @@ def cached(name: str, make):
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("trainer")
+
+
+def _short_run(base: Path) -> tuple[Path, str]:
+    """One 3-step run of the default flags per session (checkpoint step 3): its folder and final weights."""
+    def make():
+        proc = launch(base / "short-run", "--max-steps", "3")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return base / "short-run", fingerprint_of(proc.stdout)
+    return cached("short-run", make)
+
+
+def short_run(base: Path, dest: Path) -> Path:
+    """`dest`, a copy of the session's 3-step run (its checkpoint, config and metrics): tests that need
+    a short finished run to resume, refuse or read share it instead of training their own. A copy,
+    because they write in it."""
+    shutil.copytree(_short_run(base)[0], dest, dirs_exist_ok=True)
+    return dest
+
+
+def short_run_fingerprint(base: Path) -> str:
+    """The final weights of the session's 3-step run (float32, default flags)."""
+    return _short_run(base)[1]
 
 
 def reference(base: Path, faults: str = "") -> str:
@@ -402,8 +425,8 @@ def _lease(folder: Path, **record) -> None:
                                                 "run_id": "another-job", "since": time.time(), **record}))
 
 
-def test_a_second_trainer_on_a_live_output_dir_is_refused_in_one_line(tmp_path):
-    assert launch(tmp_path, "--max-steps", "3").returncode == 0
+def test_a_second_trainer_on_a_live_output_dir_is_refused_in_one_line(base, tmp_path):
+    short_run(base, tmp_path)
     before = {p.name: p.read_bytes() for p in (tmp_path / "checkpoints").iterdir()}
     _lease(tmp_path)  # a live writer: this very test process
     _one_line_error(launch(tmp_path), "in use by another run", "another-job", "--output-dir")
@@ -443,14 +466,14 @@ def test_an_output_dir_that_one_node_cannot_see_is_reported_in_one_line(tmp_path
     assert not list((tmp_path / "node0").glob("run/checkpoints/*")) + list((tmp_path / "node1").glob("run/checkpoints/*"))
 
 
-def test_changed_hyperparameters_on_resume_are_refused_or_applied_as_asked(tmp_path):
-    assert launch(tmp_path, "--max-steps", "4").returncode == 0
+def test_changed_hyperparameters_on_resume_are_refused_or_applied_as_asked(base, tmp_path):
+    short_run(base, tmp_path)
     refused = launch(tmp_path, "--lr", "0.05", "--weight-decay", "0.001")
     _one_line_error(refused, "--lr 0.02 -> 0.05", "--weight-decay 0.0005 -> 0.001", "--apply-changes")
     _one_line_error(launch(tmp_path, "--optimizer", "adamw", "--apply-changes"), "--optimizer", "cannot change")
     applied = launch(tmp_path, "--lr", "0.05", "--weight-decay", "0.001", "--epochs", "2", "--apply-changes",
                      "--max-steps", "5", "--log-every", "5")
-    assert applied.returncode == 0 and "applying changed hyperparameters at step 4" in applied.stdout, \
+    assert applied.returncode == 0 and "applying changed hyperparameters at step 3" in applied.stdout, \
         applied.stdout + applied.stderr[-3000:]
     state = load_verified(tmp_path / "checkpoints" / "step_000000005.pt")
     groups = state["optimizer"]["param_groups"]
@@ -500,12 +523,13 @@ def test_trainer_resumes_at_another_world_size(tmp_path):
 def test_trainer_mixed_precision_on_cpu_resumes_to_the_same_weights(base, tmp_path, amp):
     """bf16 autocast (CPU's mixed precision), and fp16 with a GradScaler (the path of GPUs
     without bf16): a run stopped and resumed ends with the weights of one never stopped."""
-    whole = launch(tmp_path / "whole", "--amp", amp)
+    whole = launch(tmp_path / "whole", "--amp", amp, "--max-steps", "9")
     assert whole.returncode == 0, whole.stderr[-3000:]
-    assert fingerprint_of(whole.stdout) != reference(base), f"--amp {amp} trained in float32"
-    assert launch(tmp_path / "part", "--amp", amp, "--max-steps", "8").returncode == 0
-    rest = launch(tmp_path / "part", "--amp", amp)
-    assert "resuming at step 8 of 22" in rest.stdout, rest.stdout + rest.stderr[-3000:]
+    part = launch(tmp_path / "part", "--amp", amp, "--max-steps", "3")
+    assert part.returncode == 0, part.stderr[-3000:]
+    assert fingerprint_of(part.stdout) != short_run_fingerprint(base), f"--amp {amp} trained in float32"
+    rest = launch(tmp_path / "part", "--amp", amp, "--max-steps", "9")
+    assert "resuming at step 3 of 22" in rest.stdout, rest.stdout + rest.stderr[-3000:]
     assert fingerprint_of(rest.stdout) == fingerprint_of(whole.stdout), f"--amp {amp}: the resumed run differs"
     if amp == "fp16":
         state = load_verified(max((tmp_path / "part" / "checkpoints").glob("step_*.pt")))
@@ -742,12 +766,12 @@ def test_trainer_rejects_more_ranks_than_the_global_batch_has_samples(tmp_path):
                     "--global-batch")
 
 
-def test_weight_decay_groups_that_change_mid_run_are_refused_in_one_line(tmp_path):
+def test_weight_decay_groups_that_change_mid_run_are_refused_in_one_line(base, tmp_path):
     """The optimizer holds one param group per weight decay: with the defaults the two of
     earlier versions (more than one dimension: --weight-decay; the rest: none), so their
     checkpoints resume; a run resumed with a new --norm-weight-decay would need three, and
     is refused in one line that names the way out."""
-    assert launch(tmp_path, "--max-steps", "3").returncode == 0
+    short_run(base, tmp_path)
     path = tmp_path / "checkpoints" / "step_000000003.pt"
     groups = load_verified(path)["optimizer"]["param_groups"]
     assert [g["weight_decay"] for g in groups] == [5e-4, 0.0], groups

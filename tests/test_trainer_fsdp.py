@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from test_trainer import (ALL_REGULARISERS, EMA_LINE, STEPS, _one_line_error, cached, fingerprint_of, launch,
-                          regularised_reference, torchrun)
+                          regularised_reference, short_run, torchrun)
 
 FSDP = ("--parallel", "fsdp")
 ACCURACY = re.compile(r"test accuracy (\d+\.\d+)% after 1 epochs on (\d) ranks")
@@ -103,8 +103,8 @@ def test_fsdp_with_every_regulariser_and_its_sharded_ema_resumes_to_the_weights_
         evaluated.stdout + evaluated.stderr[-2000:]
 
 
-def test_the_other_parallels_checkpoints_are_refused_in_one_line(tmp_path):
-    assert launch(tmp_path / "ddp", "--max-steps", "3").returncode == 0
+def test_the_other_parallels_checkpoints_are_refused_in_one_line(base, tmp_path):
+    short_run(base, tmp_path / "ddp")
     _one_line_error(launch(tmp_path / "ddp", *FSDP), "--parallel ddp", "--parallel fsdp", "--export")
     # with --channels-last on, the GPU default: fully_shard refuses channels_last (non-contiguous)
     # conv weights, so under fsdp only the inputs may be converted (first H100 run, 2026-11-26)
