@@ -134,7 +134,7 @@ def _pl_text(model, layout, batch) -> str:
 @_PL_PROPERTY
 @given(case=st.tuples(st.sampled_from(["gpipe", "1f1b", "zb-h1", "interleaved"]), st.integers(1, 6),
                       st.integers(1, 4), st.integers(1, 4)))
-def test_2_12_in_flight_matches_2_6_schedules(grade, case):
+def test_2_12_in_flight_matches_the_pipeline_schedules(grade, case):
     """in_flight equals 2.6's max_in_flight of that schedule's rank 0, for every schedule, p, m (interleaved: m a
     multiple of p, any v); the micro-batch count matters (GPipe holds m)."""
     mod = grade("2.12").load()
@@ -149,7 +149,7 @@ def test_2_12_in_flight_matches_2_6_schedules(grade, case):
 @_PL_PROPERTY
 @given(case=st.tuples(st.sampled_from(["gpipe", "1f1b", "zb-h1", "interleaved"]), st.integers(1, 6),
                       st.integers(1, 4), st.integers(1, 4)))
-def test_2_12_bubble_fraction_matches_2_6_time_grid(grade, case):
+def test_2_12_bubble_fraction_matches_the_pipeline_time_grid(grade, case):
     """bubble_fraction equals the idle share of 2.6's time grid of that schedule (F, B, W one step each; m >= p), for
     every schedule; 0 with one stage."""
     mod = grade("2.12").load()

@@ -226,6 +226,40 @@ def test_2_6_schedules_run_every_microbatch_once_in_order(grade, case):
     assert_no_problems(problems)
 
 
+def _pp_fresh_list_problems(calls: dict) -> list[str]:
+    """A schedule is the caller's to keep or edit: every rank's row is its own list (an edit of one row changes no
+    other), and every call returns new lists (an edit of a result changes no later result)."""
+    problems = []
+    for name, call in calls.items():
+        first = call()
+        pristine = [list(row) for row in first]
+        first[0].append(("F", 99))
+        if any(("F", 99) in row for row in first[1:]):
+            problems.append(f"{name}: appending to rank 0's row changed another rank's: the rows are one list")
+        again = call()
+        if [list(row) for row in again] != pristine:
+            problems.append(f"{name}: after the caller edited a first result, a second call returned {again}")
+    return problems
+
+
+def test_2_6_schedules_are_new_lists_per_rank_and_per_call(grade):
+    """GPipe's rows, alike on every stage, and 1F1B's, on (3, 3): one list per rank, new lists per call."""
+    mod = grade("2.6").load()
+    assert_no_problems(_pp_fresh_list_problems({f"{name}(3, 3)": (lambda fn=fn: fn(3, 3))
+                                                for name, fn in _pp_schedule_fns(mod).items()}))
+
+
+def test_2_6_schedules_are_new_lists_per_rank_and_per_call_interleaved(grade):
+    mod = grade("2.6").load()
+    assert_no_problems(_pp_fresh_list_problems({"interleaved_schedule(3, 3, 2)":
+                                                lambda: mod.interleaved_schedule(3, 3, 2)}))
+
+
+def test_2_6_schedules_are_new_lists_per_rank_and_per_call_zero_bubble(grade):
+    mod = grade("2.6").load()
+    assert_no_problems(_pp_fresh_list_problems({"zero_bubble_schedule(3, 3)": lambda: mod.zero_bubble_schedule(3, 3)}))
+
+
 @_PP_PROPERTY
 @given(case=_PP_SETTINGS)
 @_pp_examples
@@ -1087,6 +1121,13 @@ def _pp_split_after_b(schedule, which=lambda j: True) -> list:
             for actions in schedule]
 
 
+def _pp_split_stages(schedule, which) -> list:
+    """Every ("B", j, k) whose virtual stage k satisfies which(k) followed at once by its ("W", j, k): a rank whose
+    chunks differ, one split and one whole, for the same micro-batches."""
+    return [[b for a in actions for b in ([a, ("W", *a[1:])] if a[0] == "B" and which(a[2]) else [a])]
+            for actions in schedule]
+
+
 def _pp_weights_last(schedule) -> list:
     """The same actions, each rank's W's moved to its end (in the order they came)."""
     return [[a for a in actions if a[0] != "W"] + [a for a in actions if a[0] == "W"] for actions in schedule]
@@ -1101,6 +1142,9 @@ INTERLEAVED_OTHER = {
         lambda ref, p: _pp_renamed(ref.interleaved_schedule(p, 3, 2), [2, 0, 1]), lambda p: [k % p for k in range(2 * p)], 3),
     "interleaved 1F1B(3, 3, 2), every backward split, W right after its B": (
         lambda ref, p: _pp_split_after_b(ref.interleaved_schedule(p, 3, 2)), lambda p: [k % p for k in range(2 * p)], 3),
+    "interleaved 1F1B(3, 3, 2), only the second chunk's backwards split (the first chunk's whole)": (
+        lambda ref, p: _pp_split_stages(ref.interleaved_schedule(p, 3, 2), lambda k: k >= p),
+        lambda p: [k % p for k in range(2 * p)], 3),
     "V-shape placement (rank r holds stages r and 2p-1-r, the loss on rank 0), GPipe order": (
         lambda ref, p: _pp_v_shape(p, 3), lambda p: list(range(p)) + list(reversed(range(p))), 3),
 }
@@ -1222,7 +1266,8 @@ def test_2_6_matches_one_process_interleaved(grade):
 
 def test_2_6_executor_runs_any_valid_schedule_interleaved(grade):
     """Your run_pipeline on other valid schedules on virtual stages: interleaved 1F1B with micro-batches relabelled,
-    with every backward split into B and W, a V-shaped placement (two neighbouring stages on one rank hand over
+    with every backward split into B and W, with only one chunk's backwards split (a split belongs to a stage's
+    micro-batch, not to the micro-batch), a V-shaped placement (two neighbouring stages on one rank hand over
     without a message; the last stage, and the loss, on rank 0), and three chunks on a single rank."""
     results = _interleaved_results(grade("2.6"))
     problems = []
