@@ -129,6 +129,17 @@ class Block(nn.Module):
         return x + self.drop(self.mlp(self.ln2(x)))
 
 
+@torch.no_grad()
+def copy_block_(module: nn.Module, block: Block) -> nn.Module:
+    """Copy an unsharded Block's weights into `module`, a block sharded over a group with the same four parts
+    (ln1, ln2 whole; attn, mlp 2.7's parallel modules, each keeping this rank's shard). Returns module."""
+    module.ln1.load_state_dict(block.ln1.state_dict())
+    module.ln2.load_state_dict(block.ln2.state_dict())
+    module.attn.copy_from_full_(block.attn)
+    module.mlp.copy_from_full_(block.mlp)
+    return module
+
+
 class SequenceParallelBlock(nn.Module):
     """Block with tensor parallelism inside attention and MLP (2.7's shards: attn.qkv and
     mlp.fc1 column-parallel, attn.out and mlp.fc2 row-parallel, over `group`) and sequence
@@ -154,14 +165,8 @@ class SequenceParallelBlock(nn.Module):
     def from_full(cls, block: Block, *, group: dist.ProcessGroup | None = None) -> SequenceParallelBlock:
         """This rank's part of an unsharded Block (the same weights on every rank of the group)."""
         attn = block.attn
-        module = cls(attn.embed_dim, attn.num_heads, block.mlp.fc1.out_features, attn.causal, block.drop.p,
-                     device=block.ln1.weight.device, group=group)
-        with torch.no_grad():
-            module.ln1.load_state_dict(block.ln1.state_dict())
-            module.ln2.load_state_dict(block.ln2.state_dict())
-        module.attn.copy_from_full_(attn)
-        module.mlp.copy_from_full_(block.mlp)
-        return module
+        return copy_block_(cls(attn.embed_dim, attn.num_heads, block.mlp.fc1.out_features, attn.causal, block.drop.p,
+                               device=block.ln1.weight.device, group=group), block)
 
     def _attention(self, x: torch.Tensor) -> torch.Tensor:
         """(b, s/t, h) shard -> (b, s/t, h): this rank's positions of attn(full sequence)."""

@@ -45,7 +45,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from common.distributed import current_device
 from common.split import balanced_ranges
 
-from .context_parallel import Block
+from .context_parallel import Block, copy_block_
 from .pipeline import VirtualStage, interleaved_schedule, one_f_one_b_schedule, run_pipeline, split_microbatches
 from .tensor_parallel import ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, RowParallelLinear
 
@@ -88,14 +88,8 @@ class TensorParallelBlock(nn.Module):
             raise ValueError(f"a tensor-parallel block here has no dropout (the Block has p={block.drop.p}): "
                              "every rank of the group would need the same mask")
         attn = block.attn
-        module = cls(attn.embed_dim, attn.num_heads, block.mlp.fc1.out_features, attn.causal,
-                     device=block.ln1.weight.device, group=group)
-        with torch.no_grad():
-            module.ln1.load_state_dict(block.ln1.state_dict())
-            module.ln2.load_state_dict(block.ln2.state_dict())
-        module.attn.copy_from_full_(attn)
-        module.mlp.copy_from_full_(block.mlp)
-        return module
+        return copy_block_(cls(attn.embed_dim, attn.num_heads, block.mlp.fc1.out_features, attn.causal,
+                               device=block.ln1.weight.device, group=group), block)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))

@@ -19,6 +19,7 @@ CONTRACT = {
     "ReduceScatterToSequenceParallelRegion.backward": [when("called", lambda c: True)],
     "Block.__init__": [flag("causal"), when("dropout > 0", lambda c: c.a["dropout"] > 0)],
     "Block.forward": [when("called", lambda c: True)],
+    "copy_block_": [],
     "SequenceParallelBlock.__init__": [flag("causal"), when("dropout > 0", lambda c: c.a["dropout"] > 0),
                                        none("group"), world_group()],
     "SequenceParallelBlock.from_full": [none("group"), when("called", lambda c: True)],
@@ -61,6 +62,8 @@ _INSIDE = ("a building block the tests reach only through ring_attention (a corr
            "ring_attention's contract allows); its cases run there: causal and not, logits in the hundreds, the half "
            "blocks of different lengths that the causal mask leaves")
 IRRELEVANT = {
+    "copy_block_": "given code (no EXERCISE region): SequenceParallelBlock.from_full and 2.11's TensorParallelBlock.from_full "
+                   "call it; the tests check the parameters those give",
     "SequenceParallelBlock.__init__": "given code (no EXERCISE region): builds 2.7's shards; from_full is what the tests build with",
     "shard_sequence": "given code (no EXERCISE region): cuts load_balanced_positions out of a tensor",
     "ring_attention: causal left to its default": SIGNATURE_DEFAULT,

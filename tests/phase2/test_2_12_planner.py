@@ -59,22 +59,23 @@ def _pl_psi(model, pp: int, tp: int) -> int:
     return max(layers + table, layers + norm + output)
 
 
-def _pl_in_flight(schedule: str, p: int, m: int, v: int) -> int:
-    """Rank 0's peak, counted by walking 2.6's reference schedule (the ground truth of the docstring's counts)."""
+def _pl_schedule(schedule: str, p: int, m: int, v: int) -> list:
+    """2.6's reference schedule of that kind (the ground truth of the docstring's counts)."""
     pipeline = grading.reference("2.6")
-    rows = {"gpipe": lambda: pipeline.gpipe_schedule(p, m), "1f1b": lambda: pipeline.one_f_one_b_schedule(p, m),
+    return {"gpipe": lambda: pipeline.gpipe_schedule(p, m), "1f1b": lambda: pipeline.one_f_one_b_schedule(p, m),
             "zb-h1": lambda: pipeline.zero_bubble_schedule(p, m),
             "interleaved": lambda: pipeline.interleaved_schedule(p, m, v)}[schedule]()
-    return pipeline.max_in_flight(rows[0])
+
+
+def _pl_in_flight(schedule: str, p: int, m: int, v: int) -> int:
+    """Rank 0's peak, counted by walking 2.6's reference schedule."""
+    return grading.reference("2.6").max_in_flight(_pl_schedule(schedule, p, m, v)[0])
 
 
 def _pl_bubble(schedule: str, p: int, m: int, v: int) -> float:
     """The bubble of 2.6's time grid of that schedule: idle / (steps x ranks), F = B = W = 1 step."""
     pipeline = grading.reference("2.6")
-    rows = {"gpipe": lambda: pipeline.gpipe_schedule(p, m), "1f1b": lambda: pipeline.one_f_one_b_schedule(p, m),
-            "zb-h1": lambda: pipeline.zero_bubble_schedule(p, m),
-            "interleaved": lambda: pipeline.interleaved_schedule(p, m, v)}[schedule]()
-    return pipeline.bubble_fraction(pipeline.time_grid(rows))
+    return pipeline.bubble_fraction(pipeline.time_grid(_pl_schedule(schedule, p, m, v)))
 
 
 def _pl_ring(kind: str, n: int, size: float) -> float:
