@@ -198,6 +198,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "part(name): the part of its exercise that a graded test grades (a stage, "
                                        "a schedule): the exercise table shows one row per part (tests/grading.py)")
     config._course_graded = _graded_description(config)
+    if config.getoption("--controls"):
+        _no_shrinking()
     if config.getoption("--contract-coverage") and not contracts.recording():
         import tempfile
         os.environ[contracts.ENV] = tempfile.mkdtemp(prefix="course-contracts-")
@@ -205,6 +207,16 @@ def pytest_configure(config):
     if reporter is not None:
         reporter.write_line(config._course_graded, bold=True)
         common.launch.heartbeat = _terminal_writer(config, reporter)
+
+
+def _no_shrinking() -> None:
+    """A control (or a mutant) needs one failing example, not the smallest: Hypothesis's shrinking
+    took 160 of a control's 162 s (a time_grid wrong on every drawn schedule). Before the test
+    modules are imported, so that their settings(...) inherit it; a learner's run still shrinks."""
+    from hypothesis import Phase, settings
+
+    settings.register_profile("course-controls", phases=[p for p in Phase if p != Phase.shrink])
+    settings.load_profile("course-controls")
 
 
 def _terminal_writer(config, reporter):

@@ -118,7 +118,8 @@ CI_PER_EXERCISE = 2  # mutants per exercise of phases 1-2 that CI runs (a fixed 
 # others are mutation-tested by full runs (README, "Mutation testing").
 CI_SAMPLE_34 = {"3.1": 2, "3.2": 1, "4.4": 1, "4.5": 1}
 CI_SEED = 0
-CI_WORLD_TIMEOUT = 30.0  # the worlds sampled need a few seconds (4.4's shared world the most); a deadlocked mutant waits this out
+CI_WORLD_TIMEOUT = 15.0  # the worlds sampled need a few seconds (4.4's shared world the most); a deadlocked mutant waits this out
+ORIGINAL_WORLD_TIMEOUT = 60.0  # at least this for the unmutated files: a world of theirs cut short would fail the run
 
 
 # ------------------------------------------------------------------ exercises and regions
@@ -733,8 +734,8 @@ def _run_phase(phase: str, group: list[Mutant], tests: dict[str, list[str]], arg
         for (ex, copied), rel in sorted(originals.items()):
             name = f"original_{ex.replace('.', '_')}_{Path(copied).stem}"
             path = _write_loadable(Path(folder), name, rel)
-            controls.append({"name": name, "exercise": ex, "path": str(path),
-                             "caught_by": tests[ex], "world_timeout": args.world_timeout})
+            controls.append({"name": name, "exercise": ex, "path": str(path), "caught_by": tests[ex],
+                             "world_timeout": max(args.world_timeout, ORIGINAL_WORLD_TIMEOUT)})
         for i, m in enumerate(group, start=1):
             name = f"mutant{i}"
             names[name] = m

@@ -8,7 +8,17 @@ The trainer itself is the package trainer/ (its __init__.py maps its components)
 only runs its command line (trainer/cli.py).
 """
 
-from solutions.phase4_production.trainer.cli import main
+import os
+
+if __name__ == "__main__" and "RANK" not in os.environ:
+    # Without torchrun this process starts the ranks, forked from a fork server: started first,
+    # it imports what the ranks need while this process imports the command line (a second saved
+    # or more per run: common.launch.start_fork_server).
+    from common.launch import start_fork_server
+
+    start_fork_server(["solutions.phase4_production.trainer.loop", "torchvision"])
+
+from solutions.phase4_production.trainer.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     main()

@@ -22,9 +22,11 @@ from common.launch import WorldError, run_world
 #
 # Worlds of 8 ranks, each started once per graded implementation and only when a test needs it:
 #   "mesh"   your build_mesh on every mesh shape of 8 ranks (and sizes that do not fit);
-#   "train"  your build_stages, grad_norm and train_step on meshes built by the reference,
-#            each rank returning its parameters and the one-process truth (the reference's
-#            shards of the model trained in one process on the whole global batch);
+#   "stages" your build_stages and grad_norm on meshes built by the reference;
+#   "train"  your train_step on the reference's stages, each rank returning its parameters
+#            and the one-process truth (the reference's shards of the model trained in one
+#            process on the whole global batch): its own world, the costly one, so that a
+#            mistake in build_stages or grad_norm is graded without it;
 #   "errors" a micro-batch count that does not divide: every rank must refuse it.
 # Ranks return plain data; assertions happen here.
 
@@ -261,12 +263,17 @@ def _train_section(mod, reference, data: dict) -> dict:
     return out
 
 
-def _train_rank(ref: grading.ModuleRef, data: dict) -> dict:
-    """Your build_stages, grad_norm, train_step (on the reference's stages) on meshes made here; the reference's
-    truth next to each."""
+def _stages_rank(ref: grading.ModuleRef, data: dict) -> dict:
+    """Your build_stages and grad_norm (on the reference's stages) on meshes made here; the reference's next to
+    each."""
     mod, reference = ref.load(), grading.reference("2.11")
-    return {"stages": _stages_section(mod, reference, data), "norm": _norm_section(mod, reference, data),
-            "train": _train_section(mod, reference, data)}
+    return {"stages": _stages_section(mod, reference, data), "norm": _norm_section(mod, reference, data)}
+
+
+def _train_rank(ref: grading.ModuleRef, data: dict) -> dict:
+    """Your train_step on the reference's stages, with the one-process truth next to each case."""
+    mod, reference = ref.load(), grading.reference("2.11")
+    return {"train": _train_section(mod, reference, data)}
 
 
 def _errors_rank(ref: grading.ModuleRef, data: dict) -> dict:
@@ -303,7 +310,8 @@ def _results(ref: grading.ModuleRef, worker, *args) -> list:
 
 
 def _section(ref: grading.ModuleRef, section: str) -> list[dict]:
-    return [result[section] for result in _results(ref, _train_rank, _data())]
+    worker = _train_rank if section == "train" else _stages_rank
+    return [result[section] for result in _results(ref, worker, _data())]
 
 
 def _compare_params(got: list[dict], want: list[dict], where: str) -> list[str]:

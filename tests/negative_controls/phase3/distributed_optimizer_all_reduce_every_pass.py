@@ -6,6 +6,7 @@ from solutions.phase3_multi_node.distributed_optimizer import *  # noqa: F401,F4
 
 EXERCISE = "3.5"
 CAUGHT_BY = ["test_3_5_no_communication_before_the_last_pass"]
+WORLD_TIMEOUT = 15  # the shared world of its test takes seconds; a case hangs with this mistake: ended after 15 s, not 60
 
 
 class DistributedOptimizer(_reference.DistributedOptimizer):
