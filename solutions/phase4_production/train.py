@@ -12,11 +12,11 @@ import os
 
 if __name__ == "__main__" and "RANK" not in os.environ:
     # Without torchrun this process starts the ranks, forked from a fork server: started first,
-    # it imports what the ranks need while this process imports the command line (a second saved
-    # or more per run: common.launch.start_fork_server).
+    # it imports what the ranks need (the loop, torchvision) while this process imports the
+    # command line (seconds saved per run: common.launch.start_fork_server).
     from common.launch import start_fork_server
 
-    start_fork_server(["solutions.phase4_production.trainer.loop", "torchvision"])
+    start_fork_server([f"{__package__}.trainer.loop", "torchvision"])
 
 from solutions.phase4_production.trainer.cli import main  # noqa: E402
 
