@@ -203,7 +203,9 @@ def _start_context():
     return ctx
 
 
-_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", __name__, f"{__package__}.distributed"]
+# the fork server first ignores SIGTERM (common/fork_server_signals.py), then imports torch
+_PRELOAD = [f"{__package__}.fork_server_signals", "torch", "torch.distributed", "torch._dynamo", __name__,
+            f"{__package__}.distributed"]
 
 
 def start_fork_server(modules: list[str] = ()) -> None:
@@ -507,6 +509,7 @@ def _rank_main(rank, world_size, fn, args, kwargs, port, run_dir, deadline, time
                caller_env) -> None:
     if _HAS_GROUPS:
         os.setpgid(0, 0)  # lead a process group: the parent kills it whole (rank + its children)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the fork server ignores it (fork_server_signals.py)
     # A spawned child inherits "spawn" as its start method; a torchrun rank has the
     # platform's default (fork on Linux), so its DataLoader workers start in milliseconds.
     mp.set_start_method(None, force=True)

@@ -51,7 +51,7 @@ from phase4_production.checkpoint import (CheckpointManager, restore_training_st
 
 FAULTS_ENV = "COURSE_FAULTS"
 PHASES = ("data", "forward", "backward", "allreduce", "save")
-ACTIONS = ("kill", "term", "int", "kill-launcher", "hang", "enospc", "slow")
+ACTIONS = ("kill", "term", "term-group", "int", "kill-launcher", "hang", "enospc", "slow")
 EVERY_STEP = -1  # step=* in a spec
 
 
@@ -166,7 +166,9 @@ class PreemptionHandler:
 class Fault:
     """Kill (SIGKILL) `rank`, make it hang (action "hang": alive, never back), make its write
     fail as on a full disk (action "enospc", for phase "save"), or signal the
-    job's launcher (action "term": SIGTERM, "int": SIGINT, "kill-launcher": SIGKILL), when it
+    job's launcher (action "term": SIGTERM, "int": SIGINT, "kill-launcher": SIGKILL; "term-group":
+    SIGTERM to the launcher's whole process group, as `kill -TERM -<pgid>` or a scheduler that
+    stops every process of a job sends it), when it
     reaches `phase` of step `step` (0-based; EVERY_STEP, "*" in a spec: every step) in restart
     attempt `attempt` (TORCHELASTIC_RESTART_COUNT). Action "slow" makes the rank sleep `ms`
     milliseconds there (a straggler: a slow disk, a throttled GPU, a noisy neighbour).
@@ -265,10 +267,10 @@ class FaultInjector:
 
         def torn_save(obj, f, *args, **kwargs):
             fault = due[0]
-            if fault.action in ("term", "int") and threading.current_thread() is not threading.main_thread():
+            if fault.action in _SIGNAL_OF and threading.current_thread() is not threading.main_thread():
                 print(f"\n[fault injector] {fault.action} at {fault} (pid {os.getpid()}, checkpoint writer thread)",
                       file=sys.stderr, flush=True)
-                os.kill(_launcher_pid(fault.action), signal.SIGTERM if fault.action == "term" else signal.SIGINT)
+                _send_to_launcher(fault.action)
                 return real_save(obj, f, *args, **kwargs)
             buffer = io.BytesIO()
             real_save(obj, buffer, *args, **kwargs)
@@ -313,7 +315,7 @@ class FaultInjector:
         elif fault.action == "enospc":  # the write fails as on a full disk (phase "save": half the bytes are out)
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         else:
-            _signal_via_launcher(signal.SIGTERM if fault.action == "term" else signal.SIGINT)
+            _signal_via_launcher(fault.action)
 
 
 def _launcher_pid(action: str) -> int:
@@ -339,14 +341,30 @@ def _kill_launcher(timeout_s: float = 60.0) -> None:
         time.sleep(0.01)
 
 
-def _signal_via_launcher(signum: int, timeout_s: float = 60.0) -> None:
-    """Send `signum` to the launcher, as a cluster's preemption (or a user's Ctrl-C) would,
-    and return once the launcher has forwarded it to this rank and the rank's handler has
-    run: the signal then lands in a known step, with no sleep in any test."""
+_SIGNAL_OF = {"term": signal.SIGTERM, "term-group": signal.SIGTERM, "int": signal.SIGINT}
+
+
+def _send_to_launcher(action: str) -> None:
+    """The signal of a signal action ("term", "term-group", "int") to the launcher, or with
+    "term-group" to every process of its process group (the ranks lead groups of their own:
+    not to this rank)."""
+    signum = _SIGNAL_OF[action]
+    launcher = _launcher_pid(action)
+    if action == "term-group":
+        os.killpg(os.getpgid(launcher), signum)
+    else:
+        os.kill(launcher, signum)
+
+
+def _signal_via_launcher(action: str, timeout_s: float = 60.0) -> None:
+    """Send the signal of `action` (_send_to_launcher), as a cluster's preemption (or a user's
+    Ctrl-C) would, and return once the launcher has forwarded it to this rank and the rank's
+    handler has run: the signal then lands in a known step, with no sleep in any test."""
     arrived = []
+    signum = _SIGNAL_OF[action]
     previous = signal.signal(signum, lambda sig, frame: arrived.append(sig))
     try:
-        os.kill(_launcher_pid(signal.Signals(signum).name), signum)
+        _send_to_launcher(action)
         deadline = time.monotonic() + timeout_s
         while not arrived:
             if time.monotonic() > deadline:

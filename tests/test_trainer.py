@@ -45,13 +45,16 @@ FINGERPRINT = re.compile(r"^final weights sha256: ([0-9a-f]{64})$", re.M)
 _runs: dict = {}
 
 
-def launch(out: Path, *extra: str, nproc: int = 2, faults: str = "", timeout: float = 240) -> subprocess.CompletedProcess:
+def launch(out: Path, *extra: str, nproc: int = 2, faults: str = "", timeout: float = 240,
+           own_group: bool = False) -> subprocess.CompletedProcess:
     """The trainer without torchrun (it starts its own ranks). Its own deadline (--timeout)
-    comes first, so a hung run says where each rank was stuck before the test kills it."""
+    comes first, so a hung run says where each rank was stuck before the test kills it.
+    own_group: a process group of its own, as a shell's job (a fault that signals the whole
+    group must not reach pytest)."""
     env = {**os.environ, **ENV, "COURSE_FAULTS": faults}
     return subprocess.run([sys.executable, "-m", MODULE, "--nproc", str(nproc), "--output-dir", str(out), *FLAGS,
                            "--timeout", str(max(timeout - 30, 1)), *extra], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, start_new_session=own_group)
 
 
 def torchrun(out: Path, *extra: str, faults: str = "", restarts: int = 3, timeout: float = 240) -> tuple[str, int]:
@@ -157,11 +160,13 @@ def test_trainer_sigterm_with_loader_workers_saves_at_the_next_step_and_resumes(
     assert fingerprint_of(again.stdout) == reference(base)
 
 
-@pytest.mark.parametrize("action", ["term", "int"])
+@pytest.mark.parametrize("action", ["term", "int", "term-group"])
 def test_the_launcher_forwards_sigterm_and_sigint_to_its_ranks(base, tmp_path, action):
-    """`python -m ...train` without torchrun, as `docker stop`, `timeout` or Ctrl-C stop it:
+    """`python -m ...train` without torchrun, as `docker stop`, `timeout` or Ctrl-C stop it,
+    or `kill -TERM -<pgid>` (term-group: every process of the launcher's group, the fork
+    server its ranks came from included, as a shell's `kill %1` sends it):
     the ranks save at the next step boundary, exit 0, and the rerun resumes from there."""
-    first = launch(tmp_path, faults=f"rank=1,step=4,phase=forward,action={action}")
+    first = launch(tmp_path, faults=f"rank=1,step=4,phase=forward,action={action}", own_group=True)
     assert first.returncode == 0, f"exit code {first.returncode}:\n{first.stdout}\n{first.stderr[-3000:]}"
     assert "preempted at step 5 of 22" in first.stdout, first.stdout + first.stderr[-3000:]
     assert "Traceback" not in first.stderr, first.stderr[-3000:]

@@ -26,9 +26,9 @@
    harness error (outcome "error": a rank died without reporting, or the world could
    not even start before its deadline). A control whose bug deadlocks may set
    WORLD_TIMEOUT = <seconds> (the most its tests' worlds need), so that the deliberate
-   deadlock is ended sooner than the default 60 s. The controls of one exercise share
-   one pytest session (`pytest --controls`), each test running once per control that
-   names it.
+   deadlock is ended sooner than the default 60 s. The controls of a few exercises of one
+   phase share one pytest session (`pytest --controls`), each test running once per
+   control that names it.
 
     python tools/check_grading.py              # all phases
     python tools/check_grading.py --phase 1    # one phase
@@ -108,7 +108,7 @@ def check_splices(controls: list[dict]) -> tuple[list[str], set[str]]:
 
 
 def check_controls(test_file: Path, controls: list[dict]) -> list[str]:
-    """Run every control of one exercise in one pytest session (one `import torch`, one
+    """Run these controls (of one phase) in one pytest session (one `import torch`, one
     forkserver), each test of its CAUGHT_BY against it; return the problems found."""
     spec = [{"name": c["path"].stem, "exercise": c["EXERCISE"], "path": str(c["path"]),
              "caught_by": c["CAUGHT_BY"], "world_timeout": c.get("WORLD_TIMEOUT")} for c in controls]
@@ -142,6 +142,21 @@ def _verdict(control: dict, report: dict) -> str | None:
     return f"{control['path'].name}: " + "; ".join(problems) if problems else None
 
 
+SESSION_CONTROLS = 40  # controls per pytest session at most (an exercise with more has one of its own)
+
+
+def _sessions(by_exercise: dict[tuple[Path, str], list[dict]]) -> list[tuple[Path, list[dict]]]:
+    """The exercises of each test file, in order, packed into sessions of at most SESSION_CONTROLS
+    controls (27 sessions of one exercise each cost CI a minute of starting up)."""
+    sessions: list[tuple[Path, list[dict]]] = []
+    for (test_file, _), group in by_exercise.items():
+        if sessions and sessions[-1][0] == test_file and len(sessions[-1][1]) + len(group) <= SESSION_CONTROLS:
+            sessions[-1][1].extend(group)
+        else:
+            sessions.append((test_file, list(group)))
+    return sessions
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--phase", type=int, action="append", help="only these phases (repeatable)")
@@ -165,16 +180,17 @@ def main(argv: list[str] | None = None) -> int:
         read = [read_control(p) for p in sorted((CONTROLS / f"phase{phase}").glob("*.py"))]
         controls += [(test_file, c) for c in read
                      if not args.only or any(text in c["path"].name or text == c["EXERCISE"] for text in args.only)]
-    # One session per exercise's controls (a session's start, mostly `import torch`, costs
-    # more than many a control), the largest first; one pool for every check of every phase,
-    # so no slot idles while a slow one ends a phase.
+    # Sessions of whole exercises' controls, up to SESSION_CONTROLS each (a session's start,
+    # `import torch` and its fork server, costs more than many a control), the largest first;
+    # one pool for every check of every phase, so no slot idles while a slow one ends a phase.
     failures, broken = check_splices([control for _, control in controls])
-    groups: dict[tuple[Path, str], list[dict]] = {}
+    by_exercise: dict[tuple[Path, str], list[dict]] = {}
     for test_file, control in controls:
         if control["path"].name not in broken:  # a control that does not load rejects nothing
-            groups.setdefault((test_file, control["EXERCISE"]), []).append(control)
-    jobs = [(check_controls, (test_file, group)) for (test_file, _), group in
-            sorted(groups.items(), key=lambda item: -len(item[1]))] + [(check_templates, (f, exercises)) for f in templates]
+            by_exercise.setdefault((test_file, control["EXERCISE"]), []).append(control)
+    sessions = _sessions(by_exercise)
+    jobs = [(check_controls, (test_file, group)) for test_file, group in sorted(sessions, key=lambda s: -len(s[1]))]
+    jobs += [(check_templates, (f, exercises)) for f in templates]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for result in pool.map(lambda job: job[0](*job[1]), jobs):
             failures += result
