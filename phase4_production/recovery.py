@@ -167,8 +167,8 @@ class Fault:
     """Kill (SIGKILL) `rank`, make it hang (action "hang": alive, never back), make its write
     fail as on a full disk (action "enospc", for phase "save"), or signal the
     job's launcher (action "term": SIGTERM, "int": SIGINT, "kill-launcher": SIGKILL; "term-group":
-    SIGTERM to the launcher's whole process group, as `kill -TERM -<pgid>` or a scheduler that
-    stops every process of a job sends it), when it
+    SIGTERM to the launcher's whole process group, as `kill -TERM -<pgid>` or a shell's
+    `kill %1` sends it), when it
     reaches `phase` of step `step` (0-based; EVERY_STEP, "*" in a spec: every step) in restart
     attempt `attempt` (TORCHELASTIC_RESTART_COUNT). Action "slow" makes the rank sleep `ms`
     milliseconds there (a straggler: a slow disk, a throttled GPU, a noisy neighbour).
