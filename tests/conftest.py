@@ -40,6 +40,9 @@ _control_of: dict[str, str] = {}  # test nodeid -> the negative control it ran a
 # (test function, control) -> the run of it whose world deadlocked: its other parametrizations
 # (e.g. larger world sizes) would only wait out the same deadline again.
 _deadlocked: dict[tuple[str, str | None], str] = {}
+# (test function, control) that failed: a control needs one rejecting case of each test it names, so the
+# function's other cases (world sizes, layouts) skip (--controls only; a learner's run shows every case)
+_rejected: set[tuple[str, str]] = set()
 _records: dict[str, dict] = {}  # test nodeid -> grading.failure_record (what the exercise reports need)
 _hints_shown: set[str] = set()  # TODO hints already printed in full once
 # Every graded test the session collected, in collection order, {nodeid: {"part", "selected"}}: those
@@ -47,6 +50,7 @@ _hints_shown: set[str] = set()  # TODO hints already printed in full once
 _collected: dict[str, dict] = {}
 _uncollected: dict[str, list[str]] = {}  # exercise -> its test functions the session never collected
 _order: dict[str, int] = {}  # test nodeid -> its place in the collection
+_skipped: set[str] = set()  # tests skipped where they cannot run (no outcome, not missing from the run)
 
 
 def pytest_addoption(parser):
@@ -67,6 +71,14 @@ def pytest_addoption(parser):
     group.addoption("--course-runner", choices=("learner", "instructor"), default=None,
                     help="set by tests/test_phaseN.py (learner) and tests/grade.py (instructor): whom the "
                          "banner and the closing verdict speak to")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """pytest -n N (pytest-xdist): unless --dist says otherwise, an idle worker takes tests queued for
+    another (worksteal; xdist's default deals them out in advance, whatever each one costs)."""
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") == "no":
+        config.option.dist = "worksteal"
 
 
 def _overrides(config) -> dict[str, str]:
@@ -266,6 +278,8 @@ def pytest_runtest_setup(item):
     first = _deadlocked.get(_deadlock_key(item))
     if first:
         pytest.fail(f"not run: {first} deadlocked (see that test); fix it first", pytrace=False)
+    if _control(item) and _deadlock_key(item) in _rejected:
+        pytest.skip("another case of this test already rejected this control")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -297,8 +311,11 @@ def pytest_runtest_makereport(item, call):
         _control_of[item.nodeid] = _control(item)["name"]
     if report.when == "call" and call.excinfo and _deadlocked_world(call.excinfo.value):
         _deadlocked.setdefault(_deadlock_key(item), item.nodeid.rsplit("::", 1)[-1])
+    if _control(item) and report.failed and not grading.harness_error_of(call.excinfo.value if call.excinfo else None):
+        _rejected.add(_deadlock_key(item))
     if report.skipped:  # skipped where it cannot run (a platform): no outcome, and not missing from the run
         _collected.pop(item.nodeid, None)
+        _skipped.add(item.nodeid)
         return
     if report.when == "call" or (report.when == "setup" and report.failed):
         todo = grading.todo_of(call.excinfo.value) if call.excinfo else None
@@ -351,7 +368,40 @@ def _test_listing(rows: list[dict]) -> list[str]:
 
 
 def _rows() -> list[dict]:
-    return grading.summarize(_outcomes, _collected, _uncollected)
+    return grading.summarize(_outcomes, {k: v for k, v in _collected.items() if k not in _skipped}, _uncollected)
+
+
+# pytest -n N (pytest-xdist): the tests run in N worker processes; each sends what the table and the
+# exercise reports need when it ends, and the controller, which runs no test, merges it.
+_SHARED = {"outcomes": _outcomes, "records": _records, "durations": _durations, "control_of": _control_of,
+           "collected": _collected, "uncollected": _uncollected}
+
+
+def pytest_sessionfinish(session):
+    output = getattr(session.config, "workeroutput", None)  # set on an xdist worker only
+    if output is not None:
+        output["course"] = json.dumps({**_SHARED, "skipped": sorted(_skipped)}, default=str)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist's controller: a worker's results, merged (every worker collected every test, in order)."""
+    sent = getattr(node, "workeroutput", {}).get("course")
+    if not sent:
+        return
+    state = json.loads(sent)
+    for key, mine in _SHARED.items():
+        if key in ("collected", "uncollected"):
+            for name, value in state[key].items():
+                mine.setdefault(name, value)
+        else:
+            mine.update(state[key])
+    _skipped.update(state["skipped"])
+    if not _order:
+        _order.update((nodeid, i) for i, nodeid in enumerate(state["collected"]))
+    in_order = sorted(_records.items(), key=lambda item: _order.get(item[0], len(_order)))
+    _records.clear()
+    _records.update(in_order)
 
 
 def pytest_terminal_summary(terminalreporter, config):

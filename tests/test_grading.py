@@ -553,6 +553,10 @@ def test_1_1_deadlocks(world_size, grade):
 def test_1_1_deadline(grade):
     assert common.launch.DEFAULT_TIMEOUT_S == 7
 
+@pytest.mark.parametrize("case", [1, 2, 3])
+def test_1_1_cases(case, grade):
+    assert not ("bad" in grade("1.1").path().name and case == 2)
+
 def test_1_1_never_named(grade):
     assert False
 '''
@@ -560,14 +564,16 @@ def test_1_1_never_named(grade):
 
 def test_controls_run_each_named_test_once_per_control(tmp_path):
     """`pytest --controls`: one session, each test against each control naming it, and a
-    deadlock of one control does not cut short another's tests."""
+    deadlock of one control does not cut short another's tests. One case of a test that
+    rejects a control is enough: that test's later cases skip for it, not for the others."""
     (tmp_path / "test_fake.py").write_text(_FAKE_CONTROL_TESTS)
     for name in ("bad_slow", "good"):
         (tmp_path / f"{name}.py").write_text("")
     spec = [{"name": "bad_slow", "exercise": "1.1", "path": str(tmp_path / "bad_slow.py"), "world_timeout": 7,
-             "caught_by": ["test_1_1_names", "test_1_1_other", "test_1_1_deadlocks", "test_1_1_deadline"]},
+             "caught_by": ["test_1_1_names", "test_1_1_other", "test_1_1_deadlocks", "test_1_1_deadline",
+                           "test_1_1_cases"]},
             {"name": "good", "exercise": "1.1", "path": str(tmp_path / "good.py"),
-             "caught_by": ["test_1_1_names", "test_1_1_deadlocks", "test_1_1_deadline"]}]
+             "caught_by": ["test_1_1_names", "test_1_1_deadlocks", "test_1_1_deadline", "test_1_1_cases"]}]
     (tmp_path / "controls.json").write_text(json.dumps(spec))
     report = tmp_path / "grades.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
@@ -581,7 +587,10 @@ def test_controls_run_each_named_test_once_per_control(tmp_path):
                         "test_1_1_other[bad_slow]": "pass",
                         "test_1_1_deadlocks[bad_slow-2]": "fail", "test_1_1_deadlocks[bad_slow-3]": "fail",
                         "test_1_1_deadlocks[good-2]": "pass", "test_1_1_deadlocks[good-3]": "pass",
-                        "test_1_1_deadline[bad_slow]": "pass", "test_1_1_deadline[good]": "fail"}, proc.stdout[-3000:]
+                        "test_1_1_deadline[bad_slow]": "pass", "test_1_1_deadline[good]": "fail",
+                        "test_1_1_cases[bad_slow-1]": "pass", "test_1_1_cases[bad_slow-2]": "fail",
+                        "test_1_1_cases[good-1]": "pass", "test_1_1_cases[good-2]": "pass",
+                        "test_1_1_cases[good-3]": "pass"}, proc.stdout[-3000:]
     assert {k.split("::")[-1]: v for k, v in got["controls"].items()}["test_1_1_names[good]"] == "good"
     assert "not run: test_1_1_deadlocks[bad_slow-2] deadlocked" in proc.stdout, proc.stdout[-3000:]
 
@@ -695,6 +704,11 @@ def test_a_filtered_run_says_what_it_left_out_and_shows_each_part(tmp_path):
     table = out[out.rindex("exercise status"):].splitlines()
     assert [line.split()[:3] for line in table if line.startswith("           ")][:3] == [
         ["stage", "1", "PASS"], ["stage", "2", "TODO"], ["shared", "PASS", "1/1"]], table
+
+    # in two processes (pytest -n 2, as CI runs the suite) the same rows: each worker's results merged
+    out_n2, got_n2 = _run_fake(tmp_path, "-n", "2")
+    assert got_n2["exercises"] == got["exercises"], out_n2[-2000:]
+    assert out_n2[out_n2.rindex("exercise status"):] == out[out.rindex("exercise status"):], out_n2[-2000:]
 
     rows = grading.summarize({"t.py::test_1_2_other_exercise": "pass"},
                              {"t.py::test_1_1_a": {"part": None, "selected": False},

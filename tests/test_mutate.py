@@ -280,3 +280,20 @@ def test_a_file_of_an_exercise_package_is_mutated_in_a_copy_of_the_whole_package
     finally:
         for name in [m for m in sys.modules if m.startswith("_control_mutant1")]:
             del sys.modules[name]
+
+
+def test_with_the_originals_run_last_a_verdict_stands_only_on_a_test_the_original_passes():
+    """--originals-last (CI): the unmutated file runs after the mutants, only the tests that killed one. A kill
+    counts if that test passed on it; a timeout only if the mutant's limit was at least 10 x the original's
+    time (the rule the tool applies when the original runs first); anything else is no verdict."""
+    killed = [{"test": "test_a", "outcome": "pass"}, {"test": "test_b", "outcome": "fail", "message": "x"}]
+    slow = [{"test": "test_a", "outcome": "timeout", "limit": 20.0, "message": "still running"}]
+    check = mutate._checked_against_original
+    assert check(mutate.verdict(killed), killed, "9.9", {("9.9", "test_b"): 1.0})[0] == "killed"
+    assert check(mutate.verdict(killed), killed, "9.9", {("9.9", "test_a"): 1.0})[0] == "harness"
+    assert check(mutate.verdict(killed), killed, "9.8", {("9.9", "test_b"): 1.0})[0] == "harness"
+    assert check(mutate.verdict(slow), slow, "9.9", {("9.9", "test_a"): 1.5})[0] == "timed out"
+    status, why = check(mutate.verdict(slow), slow, "9.9", {("9.9", "test_a"): 2.5})
+    assert status == "harness" and "2.5 s" in why
+    survived = [{"test": "test_a", "outcome": "pass"}]
+    assert check(mutate.verdict(survived), survived, "9.9", {}) == ("survived", "")

@@ -28,7 +28,8 @@
    WORLD_TIMEOUT = <seconds> (the most its tests' worlds need), so that the deliberate
    deadlock is ended sooner than the default 60 s. The controls of a few exercises of one
    phase share one pytest session (`pytest --controls`), each test running once per
-   control that names it.
+   control that names it (one rejecting case is enough: a parametrized test's later cases
+   skip for a control an earlier one rejected).
 
     python tools/check_grading.py              # all phases
     python tools/check_grading.py --phase 1    # one phase

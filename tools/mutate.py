@@ -38,7 +38,12 @@ through the negative-control machinery of tests/conftest.py (`pytest --controls`
 mutants of one phase in one pytest session, with the course's world deadline
 (COURSE_WORLD_TIMEOUT, 60 s here as in tools/check_grading.py; --world-timeout). The
 session also runs the unmutated file (copied the same way) first; it must pass every
-test (one that failed only by harness errors runs again once), or the run stops. A mutant stops running tests at its first failure. Verdicts:
+test (one that failed only by harness errors runs again once), or the run stops; its test
+times set the mutants' limits (below). With --originals-last (--ci's default: pytest has
+already run every graded test on the solutions) it runs after the mutants instead, only
+the tests that killed one: a kill stands if its test passes on the unmutated copy, a
+timeout if its limit was at least 10 x the original's time (else: no verdict). A mutant
+stops running tests at its first failure. Verdicts:
 
     killed      a graded test failed (an assertion, an exception, a deadlock ended by the
                 world deadline, or a rank that died in the mutant's own code, e.g. torch
@@ -609,6 +614,7 @@ def run_session(test_file: Path, controls: list[dict], args) -> dict[str, list[d
             listing, progress, log = Path(tmp) / "controls.json", Path(tmp) / "progress.jsonl", Path(tmp) / "log"
             listing.write_text(json.dumps(remaining))
             env = {**os.environ, "MUTATE_PROGRESS": str(progress), "MUTATE_TEST_TIMEOUT": str(args.test_timeout),
+                   "MUTATE_ORIGINALS_LAST": "1" if args.originals_last else "0",
                    "COURSE_WORLD_TIMEOUT": str(args.world_timeout),
                    "PYTHONPATH": os.pathsep.join([str(TOOLS), str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
             cmd = [sys.executable, "-m", "pytest", str(test_file), "-q", "--tb=no", "-p", "no:cacheprovider",
@@ -727,7 +733,8 @@ def _run_phase(phase: str, group: list[Mutant], tests: dict[str, list[str]], arg
     test_file = REPO_ROOT / "tests" / f"test_phase{phase}.py"
     with tempfile.TemporaryDirectory(prefix="mutants-") as folder:
         controls, names = [], {}
-        # the unmutated files first (a package: once, whole): the tests must pass on a copy loaded this way
+        # the unmutated files (a package: once, whole): the tests must pass on a copy loaded this way; first,
+        # or with --originals-last after the mutants, on the tests that killed one
         originals = {}
         for m in group:
             originals.setdefault((m.exercise, _package_of(m.file) or m.file), m.file)
@@ -736,6 +743,7 @@ def _run_phase(phase: str, group: list[Mutant], tests: dict[str, list[str]], arg
             path = _write_loadable(Path(folder), name, rel)
             controls.append({"name": name, "exercise": ex, "path": str(path), "caught_by": tests[ex],
                              "world_timeout": max(args.world_timeout, ORIGINAL_WORLD_TIMEOUT)})
+        mutant_controls = []
         for i, m in enumerate(group, start=1):
             name = f"mutant{i}"
             names[name] = m
@@ -744,8 +752,9 @@ def _run_phase(phase: str, group: list[Mutant], tests: dict[str, list[str]], arg
             else:
                 path = Path(folder) / f"{name}.py"
                 path.write_text(m.source)
-            controls.append({"name": name, "exercise": m.exercise, "path": str(path),
-                             "caught_by": tests[m.exercise], "world_timeout": args.world_timeout})
+            mutant_controls.append({"name": name, "exercise": m.exercise, "path": str(path),
+                                    "caught_by": tests[m.exercise], "world_timeout": args.world_timeout})
+        controls = mutant_controls + controls if args.originals_last else controls + mutant_controls
         started = time.time()
         print(f"phase {phase}: {len(group)} mutants, one pytest session ({test_file.name})", flush=True)
         results = run_session(test_file, controls, args)
@@ -756,20 +765,50 @@ def _run_phase(phase: str, group: list[Mutant], tests: dict[str, list[str]], arg
         if retry or unsure:
             print(f"phase {phase}: {len(retry)} mutants, {len(unsure)} unmutated files without a verdict (harness "
                   "error): once more", flush=True)
-            again = run_session(test_file, [c for c in controls if c["name"] not in names] + retry, args)
+            again_controls = [c for c in controls if c["name"] not in names]
+            again_controls = retry + again_controls if args.originals_last else again_controls + retry
+            again = run_session(test_file, again_controls, args)
             results.update({c["name"]: again.get(c["name"], []) for c in retry + unsure})
+            if args.originals_last:  # the originals ran again, on the tests that decided the retried mutants
+                for c in controls:
+                    if c["name"] not in names and c not in unsure:
+                        results[c["name"]] = results.get(c["name"], []) + again.get(c["name"], [])
         for c in controls:
             if c["name"] in names:
                 continue
-            bad = [r for r in results.get(c["name"], []) if r["outcome"] != "pass"]
-            if bad or not results.get(c["name"]):
+            ran = [r for r in results.get(c["name"], []) if r["outcome"] != "skip"]
+            bad = [r for r in ran if r["outcome"] != "pass"]
+            if bad or not (ran or args.originals_last):
                 detail = "; ".join(f"{r['test']}: {r['outcome']} {r.get('message', '')}" for r in bad[:3])
                 raise SystemExit(f"the UNMUTATED {c['name']} does not pass its tests when loaded as a copy "
                                  f"({detail or 'no test ran'}): mutation results would mean nothing")
+        original_seconds = {(c["exercise"], r["test"]): max(r.get("seconds") or 0.0, 0.0)
+                            for c in controls if c["name"] not in names
+                            for r in results.get(c["name"], []) if r["outcome"] == "pass"}
         for name, m in names.items():
             verdicts[m.id] = verdict(results.get(name, []))
+            if args.originals_last:
+                verdicts[m.id] = _checked_against_original(verdicts[m.id], results.get(name, []), m.exercise,
+                                                           original_seconds)
         print(f"phase {phase}: {time.time() - started:.0f} s", flush=True)
     return verdicts
+
+
+def _checked_against_original(decided: tuple[str, str], results: list[dict], exercise: str,
+                              original_seconds: dict[tuple[str, str], float]) -> tuple[str, str]:
+    """With --originals-last: a kill stands only if its test passed on the unmutated file (run after);
+    a timeout only if the limit it ran under was at least 10 x that test's time on the original."""
+    status, why = decided
+    if status not in ("killed", "timed out"):
+        return decided
+    deciding = next(r for r in results if r["outcome"] in ("fail", "deadlock", "crash", "timeout"))
+    seconds = original_seconds.get((exercise, deciding["test"]))
+    if seconds is None:
+        return "harness", f"{deciding['test']} did not pass on the unmutated file, run after the mutants"
+    if status == "timed out" and (deciding.get("limit") or 0.0) < 10 * seconds:
+        return "harness", (f"{deciding['test']} timed out after {deciding.get('limit') or 0:.0f} s, but takes "
+                           f"{seconds:.1f} s on the unmutated file: run this mutant without --ci")
+    return decided
 
 
 def judge(m: Mutant, status: str, why: str, entry: Entry | None) -> tuple[str, str | None]:
@@ -811,6 +850,13 @@ class MutantTimeout(BaseException):
 
 _killed: set[str] = set()
 _baseline: dict[tuple, float] = {}
+_deciding: set[tuple[str, str]] = set()  # (exercise, test) that killed a mutant of this session
+_limits: dict[str, float] = {}  # nodeid -> the limit a mutant's test ran under
+
+
+def _originals_last() -> bool:
+    """--ci: the unmutated files run after the mutants, only the tests that decided a verdict."""
+    return os.environ.get("MUTATE_ORIGINALS_LAST") == "1"
 
 
 def _item_control(item) -> dict | None:
@@ -851,6 +897,9 @@ def pytest_runtest_setup(item):
     control = _item_control(item)
     if _active() and control and control["name"] in _killed:
         pytest.skip("this mutant is already killed")
+    if _active() and control and _originals_last() and control["name"].startswith("original_") \
+            and (control["exercise"], item.originalname) not in _deciding:
+        pytest.skip("no mutant of this session was killed by this test")
 
 
 def _inside_a_world(frame) -> bool:
@@ -871,6 +920,7 @@ def pytest_runtest_call(item):
     limit = max(float(os.environ.get("MUTATE_TEST_TIMEOUT", "20")), 10 * base if base else 0.0)
     if control["name"].startswith("original_"):
         limit = 10 * limit
+    _limits[item.nodeid] = limit
 
     def on_alarm(signum, frame):
         if _inside_a_world(frame):  # a world has its own deadline
@@ -952,8 +1002,10 @@ def pytest_runtest_makereport(item, call):
         message = f"{type(exc).__name__}: {first}"[:300]
     if result in ("fail", "deadlock", "crash", "timeout"):
         _killed.add(control["name"])
+        _deciding.add((control["exercise"], item.originalname))
     _emit({"event": "result", "nodeid": item.nodeid, "control": control["name"], "test": item.originalname,
-           "outcome": result, "message": message, "when": report.when})
+           "outcome": result, "message": message, "when": report.when, "seconds": report.duration,
+           "limit": _limits.get(item.nodeid)})
 
 
 # ------------------------------------------------------------------ command line
@@ -1013,6 +1065,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="each world's deadline in seconds (default COURSE_WORLD_TIMEOUT, else 60; "
                              f"{CI_WORLD_TIMEOUT:.0f} with --ci: a deadlocked mutant waits it out)")
     parser.add_argument("--jobs", type=int, help="pytest sessions (one per phase) at once (default 1; 2 with --ci)")
+    parser.add_argument("--originals-last", action=argparse.BooleanOptionalAction,
+                        help="run the unmutated files after the mutants, only the tests that killed one (default: "
+                             "with --ci; otherwise first, every graded test, which also sets the mutants' limits)")
     parser.add_argument("--test-timeout", type=float, default=20.0,
                         help="a test of a mutant is ended after max(this, 10 x its time on the original) "
                              "seconds outside any world (default 20)")
@@ -1027,6 +1082,8 @@ def main(argv: list[str] | None = None) -> int:
         args.world_timeout = CI_WORLD_TIMEOUT if args.ci else float(os.environ.get("COURSE_WORLD_TIMEOUT", "60"))
     if args.jobs is None:
         args.jobs = 2 if args.ci else 1
+    if args.originals_last is None:
+        args.originals_last = args.ci
 
     if args.variants:
         return main_variants(args)
