@@ -55,6 +55,12 @@ CONTRACT = {
         when("SGD with momentum", lambda c: isinstance(getattr(c.a["optimizer"], "optimizer", c.a["optimizer"]),
                                                         torch.optim.SGD)),
         when("a DistributedOptimizer", lambda c: type(c.a["optimizer"]).__name__ == "DistributedOptimizer"),
+        when("a root with no state, receivers with some (theirs must go)", lambda c: torch.distributed.get_rank()
+             == c.a["root_rank"] and not getattr(c.a["optimizer"], "optimizer", c.a["optimizer"]).state
+             and not c.a.get("group")),
+        when("a state entry that is no tensor (every state entry)", lambda c: any(
+            not isinstance(v, torch.Tensor) for entry in getattr(c.a["optimizer"], "optimizer", c.a["optimizer"])
+            .state.values() for v in entry.values())),
         default("root_rank"), when("root_rank > 0", lambda c: c.a["root_rank"] > 0),
         when("group a subgroup", _sub),
     ],

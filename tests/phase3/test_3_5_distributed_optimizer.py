@@ -250,15 +250,32 @@ def _after_broadcast(model, optimizer) -> dict:
             "params_after": {k: v.detach().clone() for k, v in model.state_dict().items()}}
 
 
+class _CountingSGD(torch.optim.SGD):
+    """SGD that also keeps a plain int per parameter in its state: "every state entry" includes one that is
+    no tensor (as LBFGS's `n_iter`, or a learner's own optimizer's counters)."""
+
+    def step(self, closure=None):
+        loss = super().step(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self.state[p]["updates"] = self.state[p].get("updates", 0) + 1
+        return loss
+
+
 def _broadcast_resumed(mod) -> dict:
-    """Every rank trained its own Adam and SGD (other data, other lr); Adam from rank 0, SGD from the last rank."""
+    """Every rank trained its own Adam and SGD (other data, other lr); Adam from rank 0, SGD (with a state
+    entry that is no tensor) from the last rank; then SGD from rank 1, which never stepped (its state is empty:
+    the others' state must go, not stay beside it)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     out = {}
     for which, make, root in (("adam", lambda ps: torch.optim.Adam(ps, lr=0.01 * (rank + 1), betas=(0.9, 0.99)), 0),
-                              ("sgd", lambda ps: torch.optim.SGD(ps, lr=0.1 / (rank + 1), momentum=0.9), world - 1)):
+                              ("sgd", lambda ps: _CountingSGD(ps, lr=0.1 / (rank + 1), momentum=0.9), world - 1),
+                              ("fresh_root", lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), 1 % world)):
         model = Net(seed=3)
         optimizer = make(model.parameters())
-        _local_steps(model, optimizer, steps=2 + rank, seed=10 + rank)  # other step counts, other moments
+        steps = 0 if which == "fresh_root" and rank == root else 2 + rank  # other step counts, other moments
+        _local_steps(model, optimizer, steps=steps, seed=10 + rank)
         own = _own(model, optimizer)
         mod.broadcast_parameters(model, root_rank=root)
         mod.broadcast_optimizer_state(optimizer, root_rank=root)
@@ -579,11 +596,13 @@ def test_3_5_broadcast_optimizer_state_of_trained_optimizers(grade):
     results = _results(grade("3.5"), "broadcast:resumed")
     problems = _broadcast_problems([r["adam"] for r in results], 0, "Adam from rank 0")
     problems += _broadcast_problems([r["sgd"] for r in results], world - 1, f"SGD from rank {world - 1}")
+    problems += _broadcast_problems([r["fresh_root"] for r in results], 1 % world,
+                                    f"SGD from rank {1 % world}, which never stepped (no state)")
     assert_no_problems(problems, f"{world} ranks each trained their own Adam and SGD+momentum (other data, other lr, "
                                  "other step counts); after broadcast_parameters and broadcast_optimizer_state from "
                                  "the root, every rank's state_dict must be the one the root held before, exactly "
-                                 "(step counts as the tensors they are, exp_avg, exp_avg_sq, momentum_buffer, lr and "
-                                 "every option):")
+                                 "(step counts as the tensors they are, exp_avg, exp_avg_sq, momentum_buffer, an entry "
+                                 "that is a plain int, lr and every option):")
 
 
 def test_3_5_broadcast_optimizer_state_to_fresh_optimizers(grade):
