@@ -368,7 +368,7 @@ def _test_listing(rows: list[dict]) -> list[str]:
 
 
 def _rows() -> list[dict]:
-    return grading.summarize(_outcomes, {k: v for k, v in _collected.items() if k not in _skipped}, _uncollected)
+    return grading.summarize(_outcomes, _collected, _uncollected)
 
 
 # pytest -n N (pytest-xdist): the tests run in N worker processes; each sends what the table and the
@@ -397,6 +397,8 @@ def pytest_testnodedown(node, error):
         else:
             mine.update(state[key])
     _skipped.update(state["skipped"])
+    for nodeid in _skipped:  # another worker collected it too: skipped there, it is no test left out
+        _collected.pop(nodeid, None)
     if not _order:
         _order.update((nodeid, i) for i, nodeid in enumerate(state["collected"]))
     in_order = sorted(_records.items(), key=lambda item: _order.get(item[0], len(_order)))

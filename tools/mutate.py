@@ -782,7 +782,7 @@ def _run_phase(phase: str, group: list[Mutant], tests: dict[str, list[str]], arg
                 detail = "; ".join(f"{r['test']}: {r['outcome']} {r.get('message', '')}" for r in bad[:3])
                 raise SystemExit(f"the UNMUTATED {c['name']} does not pass its tests when loaded as a copy "
                                  f"({detail or 'no test ran'}): mutation results would mean nothing")
-        original_seconds = {(c["exercise"], r["test"]): max(r.get("seconds") or 0.0, 0.0)
+        original_seconds = {(c["exercise"], r["test"]): r.get("seconds") or 0.0
                             for c in controls if c["name"] not in names
                             for r in results.get(c["name"], []) if r["outcome"] == "pass"}
         for name, m in names.items():
